@@ -1,0 +1,36 @@
+# jaxnorm: set-up, tests, demo, verifier, benchmarks.
+# `make setup` finds a Python >= 3.12 (on PATH, or under pyenv) and builds .venv.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
+             command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; exit 0; }; \
+           done; \
+           root=$$(pyenv root 2>/dev/null || echo $$HOME/.pyenv); \
+           ls -d $$root/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -V | tail -1)
+
+.PHONY: setup test verify demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "No Python >= 3.12 found (PATH or pyenv). Install one, or run: make setup PYTHON=/path/to/python3.12"; exit 1; }
+	@echo "Using $(PYTHON) ($$($(PYTHON) --version))"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench,demo]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+verify: setup
+	$(PY) -m verify --impl xla --examples 25
+
+demo: setup
+	$(PY) examples/demo.py
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

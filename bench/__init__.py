@@ -1,0 +1,1 @@
+"""Benchmarks and the cost ledger for jaxnorm: predict (ledger), measure (suites), compare."""

@@ -1,0 +1,191 @@
+"""`python -m bench --suite ledger|norm-gemm|post-norm|norms|decode-step|train-step[,...]`.
+
+The ledger suite predicts (CPU, instant); the others measure on an H200 and
+write JSON, Markdown and plots into --out. Without a GPU they stop with a
+message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from bench import ledger, ledger_view, report, shapes
+from bench.presets import PRESETS, ModelPreset
+
+LEDGER = "ledger"
+GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step")
+DEFAULT_OUT = Path(__file__).parent / "results"
+
+T = TypeVar("T")
+
+
+def _list_of(
+    kind: Callable[[str], T], choices: tuple[str, ...] | None = None
+) -> Callable[[str], tuple[T, ...]]:
+    """An argparse type for comma-separated values, checked against `choices`."""
+
+    def parse(text: str) -> tuple[T, ...]:
+        items = tuple(item.strip() for item in text.split(",") if item.strip())
+        if choices is not None:
+            unknown = [item for item in items if item not in choices]
+            if unknown:
+                raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {list(choices)}")
+        return tuple(kind(item) for item in items)
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--suite",
+        type=_list_of(str, (LEDGER, *GPU_SUITES)),
+        default=(LEDGER,),
+        help="comma-separated suites (default: ledger)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    gpu = parser.add_argument_group("GPU suites")
+    gpu.add_argument("--quick", action="store_true", help="a small subset of each suite's shapes")
+    gpu.add_argument("--m", type=_list_of(int), help="only these M (rows), e.g. 16,8192")
+    gpu.add_argument(
+        "--kn",
+        type=_list_of(str),
+        help='only these "KxN" (N = total width, e.g. 4096x28672), or "K" for norms',
+    )
+    gpu.add_argument("--impl", type=_list_of(str), help="only these implementations")
+    gpu.add_argument("--norm", type=_list_of(str, ("rms", "layer")), help="rms and/or layer")
+    gpu.add_argument(
+        "--preset",
+        type=_list_of(str, tuple(PRESETS)),
+        help="presets for decode-step (default: all but tiny) and ledger (default: all)",
+    )
+    gpu.add_argument("--repeats", type=int, default=30, help="timed calls per row (median)")
+    gpu.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
+    led = parser.add_argument_group("ledger")
+    led.add_argument("--batch", type=_list_of(int), default=(1, 64), help="decode batch sizes")
+    led.add_argument("--context", type=int, default=4096, help="decode context length L")
+    led.add_argument("--prefill-m", type=int, default=8192, help="prefill tokens M")
+    led.add_argument("--hbm-bw", type=float, help="measured HBM bandwidth, bytes/s")
+    led.add_argument("--gemm-flops", type=float, help="measured bf16 GEMM rate, FLOP/s")
+    return parser.parse_args(argv)
+
+
+def _ledger_json(
+    args: argparse.Namespace, ceilings: ledger.Ceilings, presets: list[ModelPreset]
+) -> dict[str, Any]:
+    """Every number behind the ledger tables, in microseconds and raw counts."""
+
+    def summary(ops: list[ledger.Op]) -> dict[str, Any]:
+        cost = ledger.total_cost(ops)
+        seconds = ledger.op_seconds(ops, ceilings)
+        return {
+            "step_us": sum(seconds.values()) * 1e6,
+            "kernels": ledger.kernel_count(ops),
+            "flops": cost.flops,
+            "bytes": cost.moves * ledger.BF16_BYTES,
+            "op_us": {name: t * 1e6 for name, t in seconds.items()},
+        }
+
+    return {
+        "ceilings": dataclasses.asdict(ceilings),
+        "context": args.context,
+        "prefill_tokens": args.prefill_m,
+        "presets": {
+            p.name: {
+                "preset": dataclasses.asdict(p),
+                "decode": {
+                    f"B={b} {'fused' if fused else 'unfused'}": summary(
+                        ledger.decode_step(p, b, args.context, fused=fused)
+                    )
+                    for b in args.batch
+                    for fused in (False, True)
+                },
+                "prefill_layer": {
+                    "fused" if fused else "unfused": summary(
+                        ledger.prefill_layer(p, args.prefill_m, fused=fused)
+                    )
+                    for fused in (False, True)
+                },
+            }
+            for p in presets
+        },
+    }
+
+
+def run_ledger(args: argparse.Namespace, console: Console) -> None:
+    """Print the predictions and write them as ledger.md and ledger.json."""
+    overridden = args.hbm_bw is not None or args.gemm_flops is not None
+    defaults = ledger.Ceilings()
+    ceilings = ledger.Ceilings(
+        hbm_bytes_per_s=args.hbm_bw or defaults.hbm_bytes_per_s,
+        gemm_flops_per_s=args.gemm_flops or defaults.gemm_flops_per_s,
+        source="passed on the command line" if overridden else defaults.source,
+    )
+    names = args.preset or tuple(PRESETS)
+    presets = [PRESETS[name] for name in names]
+    batches = list(args.batch)
+    tables = [ledger_view.decode_op_table(p, batches, args.context, ceilings) for p in presets]
+    tables += [
+        ledger_view.decode_summary(presets, batches, args.context, ceilings),
+        ledger_view.prefill_table(presets, args.prefill_m, ceilings),
+        ledger_view.norm_gemm_table(shapes.M_ALL, shapes.NORM_GEMM_KNS, ceilings),
+    ]
+    preamble = [
+        f"Roofline ceilings: HBM {ceilings.hbm_bytes_per_s / 1e12:.2f} TB/s, bf16 GEMM "
+        f"{ceilings.gemm_flops_per_s / 1e12:.0f} TFLOP/s ({ceilings.source}).",
+        "Conventions and formulas: bench/ledger.py. Launch latency is not in the roofline.",
+    ]
+    lines = ledger_view.headlines(presets, batches, args.context, args.prefill_m, ceilings)
+    report.print_tables(tables, console)
+    for line in [*preamble, "", "Headlines:", *lines]:
+        console.print(line, highlight=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    bullets = [f"- {line}" for line in lines]
+    report.write_markdown(
+        args.out / "ledger.md", "Ledger: roofline predictions", [*preamble, "", *bullets], tables
+    )
+    report.write_json(args.out / "ledger.json", _ledger_json(args, ceilings, presets))
+    console.print(f"wrote {args.out / 'ledger.md'} and {args.out / 'ledger.json'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if LEDGER in args.suite:
+        run_ledger(args, console)
+    gpu_suites = [s for s in args.suite if s != LEDGER]
+    if not gpu_suites:
+        return 0
+    from bench import suites  # imports JAX: only for the GPU suites
+
+    options = suites.Options(
+        quick=args.quick,
+        ms=args.m,
+        kns=args.kn,
+        impls=args.impl,
+        norms=args.norm,
+        presets=args.preset,
+        repeats=args.repeats,
+        warmup=args.warmup,
+    )
+    try:
+        suites.run(gpu_suites, options, args.out, console, vars(args))
+    except suites.NoGPU as err:
+        Console(stderr=True).print(
+            f"[red]bench: the GPU suites ({', '.join(gpu_suites)}) need an NVIDIA Hopper GPU: "
+            f"{err}.[/red]\nRun them on the GPU machine; "
+            "`python -m bench --suite ledger` works here."
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Timing one call on the GPU: CUPTI kernel time and wall time, inputs rotated.
+
+Weights must stream from HBM as they do in a model, so each measurement
+cycles through several copies of its inputs whose total exceeds the L2 cache
+(the H200's is 60 MB); the copy count is capped because the largest cases are
+gigabytes each. Medians over repeats, after warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+L2_BYTES = 60 * 2**20
+MAX_COPIES = 4
+# CUPTI's measure keeps every iteration's outputs alive until it returns; the
+# largest cases write gigabytes per call, so fewer iterations for them.
+CUPTI_OUTPUT_BUDGET = 16 * 2**30
+
+Args = tuple[jax.Array, ...]
+
+
+def rotation_copies(
+    set_bytes: int, *, l2_bytes: int = L2_BYTES, max_copies: int = MAX_COPIES
+) -> int:
+    """Copies so that all of them together are >= 3x L2, at least 2, at most `max_copies`."""
+    return max(2, min(max_copies, math.ceil(3 * l2_bytes / max(set_bytes, 1))))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Medians and raw samples of one measured call, in microseconds."""
+
+    wall_us: float
+    kernel_us: float | None
+    wall_samples_us: list[float]
+    kernel_samples_us: list[float]
+    kernels: list[tuple[str, float]] = field(default_factory=list)
+    """(name, us) of every kernel one call launched (CUPTI), in launch order."""
+    copies: int = 1
+    rotation_bytes: int = 0
+    cupti_error: str | None = None
+
+    @property
+    def best_us(self) -> float:
+        """Kernel time where CUPTI worked, else wall time."""
+        return self.kernel_us if self.kernel_us is not None else self.wall_us
+
+
+def _wall_samples(fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int) -> list[float]:
+    samples = []
+    for i in range(repeats):
+        args = arg_sets[i % len(arg_sets)]
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append((time.perf_counter() - start) * 1e6)
+    return samples
+
+
+def _cupti(
+    fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
+) -> tuple[list[float], list[tuple[str, float]], str | None]:
+    """Kernel time per call: one jitted call runs fn on every copy, CUPTI sums its kernels."""
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+    except ImportError as err:
+        return [], [], f"profiler unavailable: {err}"
+    run_all = jax.jit(lambda sets: [fn(*args) for args in sets])
+    outputs = jax.tree.leaves(jax.eval_shape(run_all, list(arg_sets)))
+    out_bytes = sum(o.size * o.dtype.itemsize for o in outputs)
+    # At least 2: measure returns one flat list, not a list per iteration, for 1.
+    iterations = max(2, min(repeats, CUPTI_OUTPUT_BUDGET // max(out_bytes, 1)))
+    try:
+        _, per_iteration = profiler.measure(run_all, aggregate=False, iterations=iterations)(
+            list(arg_sets)
+        )
+    except Exception as err:  # CUPTI missing or refusing: keep wall time, say why
+        return [], [], f"{type(err).__name__}: {err}"
+    if per_iteration is None:
+        return [], [], "CUPTI recorded no kernels"
+    copies = len(arg_sets)
+    samples = [sum(ms for _, ms in it) * 1e3 / copies for it in per_iteration]
+    per_call = len(per_iteration[0]) // copies
+    kernels = [(name, ms * 1e3) for name, ms in per_iteration[0][:per_call]]
+    return samples, kernels, None
+
+
+def measure(
+    fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3
+) -> Timing:
+    """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs)."""
+    jitted = jax.jit(fn)
+    for args in arg_sets:  # compile, and touch every copy once
+        jax.block_until_ready(jitted(*args))
+    _wall_samples(jitted, arg_sets, warmup)
+    wall = _wall_samples(jitted, arg_sets, repeats)
+    kernel, kernels, error = _cupti(fn, arg_sets, repeats)
+    return Timing(
+        wall_us=statistics.median(wall),
+        kernel_us=statistics.median(kernel) if kernel else None,
+        wall_samples_us=wall,
+        kernel_samples_us=kernel,
+        kernels=kernels,
+        copies=len(arg_sets),
+        rotation_bytes=sum(a.nbytes for args in arg_sets for a in args),
+        cupti_error=error,
+    )

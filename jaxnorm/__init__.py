@@ -1,0 +1,31 @@
+"""jaxnorm: RMSNorm and LayerNorm fused into the matrix products around them.
+
+Functional ops (x is [..., K]; output dtype follows x; float32 statistics):
+`rms_norm`, `layer_norm`, `rms_norm_dense`, `layer_norm_dense` (pre-norm),
+`dense_rms_norm`, `dense_layer_norm` (post-norm). `jaxnorm.fold` folds norm
+gains into the weights they feed. `impl` picks the implementation: None
+(automatic), "xla", "mosaic" or "interpret".
+"""
+
+from jaxnorm import fold
+from jaxnorm.dispatch import Unsupported, fallback_reasons
+from jaxnorm.ops import (
+    dense_layer_norm,
+    dense_rms_norm,
+    layer_norm,
+    layer_norm_dense,
+    rms_norm,
+    rms_norm_dense,
+)
+
+__all__ = [
+    "Unsupported",
+    "dense_layer_norm",
+    "dense_rms_norm",
+    "fallback_reasons",
+    "fold",
+    "layer_norm",
+    "layer_norm_dense",
+    "rms_norm",
+    "rms_norm_dense",
+]

@@ -1,0 +1,1 @@
+"""Implementations of the ops, one module per backend; `jaxnorm.dispatch` picks one."""

@@ -1,0 +1,144 @@
+"""Pure-JAX implementations: the same algebra on any device XLA runs on.
+
+Every function takes 2-D activations ([M, K]; the public ops flatten leading
+dims) and tuples of kernels/biases, and returns a tuple of outputs in x.dtype.
+Statistics and accumulation are float32; a float32 dot asks for full precision
+so GPUs do not silently drop to TF32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm import statistics
+from jaxnorm.dispatch import register
+
+Array = jax.Array
+
+
+def _gain(scale: Array | None, scale_offset: float) -> Array | float:
+    return 1.0 if scale is None else scale.astype(jnp.float32) + scale_offset
+
+
+def _precision(dtype: jnp.dtype) -> lax.Precision:
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
+def matmul_f32(a: Array, w: Array) -> Array:
+    """a @ w in a's dtype with float32 accumulation and float32 result."""
+    return jnp.matmul(
+        a, w.astype(a.dtype), preferred_element_type=jnp.float32, precision=_precision(a.dtype)
+    )
+
+
+def rms_normalized_f32(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
+    x32 = x.astype(jnp.float32)
+    return x32 * statistics.rms_inverse(x32, eps)[:, None] * _gain(scale, scale_offset)
+
+
+def layer_normalized_f32(
+    x: Array, scale: Array | None, bias: Array | None, eps: float, scale_offset: float
+) -> Array:
+    centered, inv_std = statistics.centered_and_inverse_std(x.astype(jnp.float32), eps)
+    y = centered * inv_std[:, None] * _gain(scale, scale_offset)
+    return y if bias is None else y + bias.astype(jnp.float32)
+
+
+@register("rms_norm", "xla")
+def rms_norm(x: Array, scale: Array | None, *, eps: float, scale_offset: float) -> Array:
+    return rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
+
+
+@register("layer_norm", "xla")
+def layer_norm(
+    x: Array, scale: Array | None, bias: Array | None, *, eps: float, scale_offset: float
+) -> Array:
+    return layer_normalized_f32(x, scale, bias, eps, scale_offset).astype(x.dtype)
+
+
+def _dense_outputs(
+    normed: Array, kernels: tuple[Array, ...], biases: tuple[Array | None, ...], out_dtype
+) -> tuple[Array, ...]:
+    outs = []
+    for w, b in zip(kernels, biases):
+        y = matmul_f32(normed, w)
+        if b is not None:
+            y = y + b.astype(jnp.float32)
+        outs.append(y.astype(out_dtype))
+    return tuple(outs)
+
+
+@register("rms_norm_dense", "xla")
+def rms_norm_dense(
+    x: Array,
+    scale: Array | None,
+    kernels: tuple[Array, ...],
+    biases: tuple[Array | None, ...],
+    *,
+    eps: float,
+    scale_offset: float,
+) -> tuple[Array, ...]:
+    """The unfused pattern users write: normalize once (in x.dtype), then one dot per kernel."""
+    normed = rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
+    return _dense_outputs(normed, kernels, biases, x.dtype)
+
+
+@register("layer_norm_dense", "xla")
+def layer_norm_dense(
+    x: Array,
+    scale: Array | None,
+    norm_bias: Array | None,
+    kernels: tuple[Array, ...],
+    biases: tuple[Array | None, ...],
+    *,
+    eps: float,
+    scale_offset: float,
+) -> tuple[Array, ...]:
+    normed = layer_normalized_f32(x, scale, norm_bias, eps, scale_offset).astype(x.dtype)
+    return _dense_outputs(normed, kernels, biases, x.dtype)
+
+
+def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array | None) -> Array:
+    h = matmul_f32(x, kernel)
+    if bias is not None:
+        h = h + bias.astype(jnp.float32)
+    if residual is not None:
+        h = h + residual.astype(jnp.float32)
+    return h
+
+
+@register("dense_rms_norm", "xla")
+def dense_rms_norm(
+    x: Array,
+    kernel: Array,
+    bias: Array | None,
+    scale: Array | None,
+    residual: Array | None,
+    *,
+    eps: float,
+) -> tuple[Array, Array]:
+    """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum), the sum kept in float32 until the end."""
+    h = _pre_norm_sum(x, kernel, bias, residual)
+    y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
+    return y.astype(x.dtype), h.astype(x.dtype)
+
+
+@register("dense_layer_norm", "xla")
+def dense_layer_norm(
+    x: Array,
+    kernel: Array,
+    bias: Array | None,
+    scale: Array | None,
+    norm_bias: Array | None,
+    residual: Array | None,
+    *,
+    eps: float,
+) -> tuple[Array, Array]:
+    h = _pre_norm_sum(x, kernel, bias, residual)
+    centered, inv_std = statistics.centered_and_inverse_std(h, eps)
+    y = centered * inv_std[:, None] * _gain(scale, 0.0)
+    if norm_bias is not None:
+        y = y + norm_bias.astype(jnp.float32)
+    return y.astype(x.dtype), h.astype(x.dtype)

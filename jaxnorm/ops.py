@@ -1,0 +1,214 @@
+"""The public functional ops: validate, flatten leading dims to M, dispatch, restore shape.
+
+Shapes: x is [..., K]; kernels are [K, N]; vectors are [K] or [N]. Output dtype
+follows x; statistics and accumulation are float32. See DESIGN.md section 3.
+Every op runs through `jaxnorm.autodiff`, whose custom VJP calls the dispatched
+implementation forward and recomputes the backward from per-row statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _checks, autodiff
+from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
+
+ArrayLike = jax.typing.ArrayLike
+Kernels = ArrayLike | Sequence[ArrayLike]
+
+
+def _flatten(x: jax.Array) -> tuple[jax.Array, tuple[int, ...]]:
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+def _array(v: ArrayLike | None) -> jax.Array | None:
+    """An already validated vector as an array: custom_vjp takes arrays, not lists."""
+    return None if v is None else jnp.asarray(v)
+
+
+def _common(x: ArrayLike, eps: float, impl: str | None) -> tuple[jax.Array, int]:
+    k = _checks.check_activation("x", x)
+    _checks.check_eps(eps)
+    _checks.check_impl(impl)
+    return jnp.asarray(x), k
+
+
+def rms_norm(
+    x: ArrayLike,
+    scale: ArrayLike | None = None,
+    *,
+    eps: float = 1e-6,
+    scale_offset: float = 0.0,
+    impl: str | None = None,
+) -> jax.Array:
+    """RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * (scale + scale_offset).
+
+    >>> y = rms_norm(jnp.ones((2, 8)), jnp.ones(8))
+    """
+    x, k = _common(x, eps, impl)
+    _checks.check_vector("scale", scale, k)
+    x2, lead = _flatten(x)
+    y = autodiff.norm(
+        "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl
+    )
+    return y.reshape(*lead, k)
+
+
+def layer_norm(
+    x: ArrayLike,
+    scale: ArrayLike | None = None,
+    bias: ArrayLike | None = None,
+    *,
+    eps: float = 1e-6,
+    scale_offset: float = 0.0,
+    impl: str | None = None,
+) -> jax.Array:
+    """LayerNorm over the last axis: (x - mean) * rsqrt(var + eps) * (scale + offset) + bias."""
+    x, k = _common(x, eps, impl)
+    _checks.check_vector("scale", scale, k)
+    _checks.check_vector("bias", bias, k)
+    x2, lead = _flatten(x)
+    y = autodiff.norm(
+        "layer", x2, _array(scale), _array(bias), eps=eps, scale_offset=scale_offset, impl=impl
+    )
+    return y.reshape(*lead, k)
+
+
+def _unflatten_outputs(
+    outs: tuple[jax.Array, ...], lead: tuple[int, ...], is_seq: bool
+) -> jax.Array | tuple[jax.Array, ...]:
+    shaped = tuple(y.reshape(*lead, y.shape[-1]) for y in outs)
+    return shaped if is_seq else shaped[0]
+
+
+def rms_norm_dense(
+    x: ArrayLike,
+    scale: ArrayLike | None,
+    kernel: Kernels,
+    bias: ArrayLike | Sequence[ArrayLike | None] | None = None,
+    *,
+    eps: float = 1e-6,
+    scale_offset: float = 0.0,
+    impl: str | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
+    """RMSNorm(x; scale) @ kernel + bias, the norm never materialized on the kernel path.
+
+    `kernel` may be a sequence ([wq, wk, wv]); the result is then a tuple and
+    `bias` a matching sequence (or None). `scale=None` means the gain is already
+    folded into the kernels (see `jaxnorm.fold`).
+    """
+    x, k = _common(x, eps, impl)
+    _checks.check_vector("scale", scale, k)
+    kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
+    biases = _checks.as_bias_tuple(bias, kernels, is_seq)
+    x2, lead = _flatten(x)
+    outs = autodiff.norm_dense(
+        "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
+        impl=impl,
+    )
+    return _unflatten_outputs(outs, lead, is_seq)
+
+
+def layer_norm_dense(
+    x: ArrayLike,
+    scale: ArrayLike | None,
+    norm_bias: ArrayLike | None,
+    kernel: Kernels,
+    bias: ArrayLike | Sequence[ArrayLike | None] | None = None,
+    *,
+    eps: float = 1e-6,
+    scale_offset: float = 0.0,
+    impl: str | None = None,
+) -> jax.Array | tuple[jax.Array, ...]:
+    """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels as in `rms_norm_dense`."""
+    x, k = _common(x, eps, impl)
+    _checks.check_vector("scale", scale, k)
+    _checks.check_vector("norm_bias", norm_bias, k)
+    kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
+    biases = _checks.as_bias_tuple(bias, kernels, is_seq)
+    x2, lead = _flatten(x)
+    outs = autodiff.norm_dense(
+        "layer",
+        x2,
+        _array(scale),
+        _array(norm_bias),
+        kernels,
+        biases,
+        eps=eps,
+        scale_offset=scale_offset,
+        impl=impl,
+    )
+    return _unflatten_outputs(outs, lead, is_seq)
+
+
+def _post_norm_inputs(
+    x: ArrayLike, kernel: ArrayLike, bias: ArrayLike | None, residual: ArrayLike | None
+) -> tuple[jax.Array, jax.Array, tuple[int, ...], int, jax.Array | None]:
+    k = _checks.check_activation("x", x)
+    (w,), _ = _checks.as_kernel_tuple(kernel, k)
+    n = w.shape[1]
+    _checks.check_vector("bias", bias, n)
+    x = jnp.asarray(x)
+    x2, lead = _flatten(x)
+    if residual is not None:
+        _checks.check_float("residual", residual)
+        if jnp.shape(residual) != (*lead, n):
+            raise ValueError(
+                f"residual must have shape {(*lead, n)} (x's leading dims, N); "
+                f"got {jnp.shape(residual)}"
+            )
+        residual = jnp.asarray(residual).reshape(-1, n)
+    return x2, w, lead, n, residual
+
+
+def dense_rms_norm(
+    x: ArrayLike,
+    kernel: ArrayLike,
+    bias: ArrayLike | None,
+    scale: ArrayLike | None,
+    *,
+    eps: float = 1e-6,
+    residual: ArrayLike | None = None,
+    impl: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain `scale`.
+
+    With `residual`, returns (normed, pre-norm sum) so the sum can feed the
+    residual stream without being recomputed.
+    """
+    _checks.check_eps(eps)
+    _checks.check_impl(impl)
+    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
+    _checks.check_vector("scale", scale, n)
+    y, h = autodiff.dense_norm(
+        "rms", x2, w, _array(bias), _array(scale), None, res, eps=eps, impl=impl
+    )
+    y, h = y.reshape(*lead, n), h.reshape(*lead, n)
+    return y if residual is None else (y, h)
+
+
+def dense_layer_norm(
+    x: ArrayLike,
+    kernel: ArrayLike,
+    bias: ArrayLike | None,
+    scale: ArrayLike | None,
+    norm_bias: ArrayLike | None,
+    *,
+    eps: float = 1e-6,
+    residual: ArrayLike | None = None,
+    impl: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Post-norm LayerNorm(x @ kernel + bias [+ residual]); see `dense_rms_norm`."""
+    _checks.check_eps(eps)
+    _checks.check_impl(impl)
+    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
+    _checks.check_vector("scale", scale, n)
+    _checks.check_vector("norm_bias", norm_bias, n)
+    y, h = autodiff.dense_norm(
+        "layer", x2, w, _array(bias), _array(scale), _array(norm_bias), res, eps=eps, impl=impl
+    )
+    y, h = y.reshape(*lead, n), h.reshape(*lead, n)
+    return y if residual is None else (y, h)

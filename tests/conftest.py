@@ -1,0 +1,13 @@
+"""Hypothesis profiles: `ci` (few examples, what `.ci/run` uses) and `thorough`."""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True, print_blob=True,
+)
+settings.register_profile("dev", max_examples=20, deadline=None)
+settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

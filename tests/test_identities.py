@@ -1,0 +1,122 @@
+"""DESIGN section 1, items 1-6: hand-countable anchors, then random float64 cases."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from verify import identities
+from verify import references as ref
+
+A = np.array([[3.0, 4.0], [6.0, 8.0]])
+B = np.array([[1.0, 2.0], [1.0, 0.0]])
+FLOAT64_LEVEL = 1e-12
+
+
+def test_anchor_row_scale_commutes_with_product():
+    """(DA)B = D(AB): D = diag(2, 1/2) -> both [[14, 12], [7, 6]]."""
+    d = np.array([[2.0], [0.5]])
+    np.testing.assert_array_equal((d * A) @ B, [[14.0, 12.0], [7.0, 6.0]])
+    np.testing.assert_array_equal(d * (A @ B), [[14.0, 12.0], [7.0, 6.0]])
+
+
+def test_anchor_gain_moves_into_weight():
+    """(AG)B = A(GB), G = diag(1, 3): both [[15, 6], [30, 12]]."""
+    g = np.array([1.0, 3.0])
+    np.testing.assert_array_equal((A * g) @ B, [[15.0, 6.0], [30.0, 12.0]])
+    np.testing.assert_array_equal(A @ (g[:, None] * B), [[15.0, 6.0], [30.0, 12.0]])
+
+
+def test_anchor_centering():
+    """A_c B = AB - mean(A) 1^T B: row means 3.5, 7; 1^T B = [2, 2]; both [[0, -1], [0, -2]]."""
+    a_c = A - A.mean(axis=1, keepdims=True)
+    np.testing.assert_array_equal(a_c, [[-0.5, 0.5], [-1.0, 1.0]])
+    np.testing.assert_array_equal(a_c @ B, [[0.0, -1.0], [0.0, -2.0]])
+    np.testing.assert_array_equal(A @ B - np.array([[3.5], [7.0]]) * B.sum(0), [[0, -1], [0, -2]])
+
+
+def test_anchor_variance_from_moments():
+    """x = [3, 4]: E[x^2] = 12.5, E[x]^2 = 12.25, sigma^2 = 0.25."""
+    x = np.array([3.0, 4.0])
+    assert np.mean(x * x) == 12.5 and np.mean(x) ** 2 == 12.25 and np.var(x) == 0.25
+
+
+def test_anchor_chunked_sum_of_squares():
+    """[1, 2 | 3, 4]: 1 + 4 = 5, 9 + 16 = 25, total 30."""
+    x = np.array([[1.0, 2.0, 3.0, 4.0]])
+    assert identities.chunked_statistics(x, 2) == 0.0
+    assert np.sum(x[:, :2] ** 2) == 5 and np.sum(x[:, 2:] ** 2) == 25 and np.sum(x**2) == 30
+
+
+def test_anchor_rms_scale_invariance():
+    """RMSNorm([3, 4]) = [3, 4] / sqrt(12.5) = RMSNorm([6, 8]) (eps = 0)."""
+    expected = np.array([[3.0, 4.0]]) / np.sqrt(12.5)
+    np.testing.assert_allclose(ref.rms_norm(np.array([[3.0, 4.0]]), eps=0.0), expected, rtol=1e-15)
+    np.testing.assert_allclose(ref.rms_norm(np.array([[6.0, 8.0]]), eps=0.0), expected, rtol=1e-15)
+
+
+def test_anchor_qk_scores():
+    """q = [3, 4], k = [6, 8], unit gains: normalized rows are equal, score = 2 (= K)."""
+    q, k = np.array([[3.0, 4.0]]), np.array([[6.0, 8.0]])
+    ones = np.ones(2)
+    score = ref.rms_norm(q, ones, eps=0.0) @ ref.rms_norm(k, ones, eps=0.0).T
+    np.testing.assert_allclose(score, [[2.0]], rtol=1e-15)
+    assert identities.qk_norm_scores(q, k, ones, ones, 0.0) < FLOAT64_LEVEL
+
+
+shapes = st.tuples(st.integers(1, 6), st.integers(1, 70), st.integers(1, 9))
+seeds = st.integers(0, 2**32 - 1)
+
+
+def _draw(seed, *shape):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+@given(shapes, seeds)
+def test_lazy_rms(shape, seed):
+    m, k, n = shape
+    assert identities.lazy_rms(_draw(seed, m, k), _draw(seed + 1, k), _draw(seed + 2, k, n),
+                               1e-6) < FLOAT64_LEVEL * k
+
+
+@given(shapes, seeds)
+def test_lazy_layer_norm(shape, seed):
+    m, k, n = shape
+    err = identities.lazy_layer_norm(_draw(seed, m, k) + 3.0, _draw(seed + 1, k),
+                                     _draw(seed + 2, k), _draw(seed + 3, k, n),
+                                     _draw(seed + 4, n), 1e-6)
+    assert err < FLOAT64_LEVEL * k * 10  # the column-sum form cancels |mu| / sigma ~ 3
+
+
+@given(shapes, seeds)
+def test_centering_and_moments(shape, seed):
+    m, k, n = shape
+    assert identities.centering(_draw(seed, m, k), _draw(seed + 1, k, n)) < FLOAT64_LEVEL * k
+    assert identities.variance_from_moments(_draw(seed, m, k)) < FLOAT64_LEVEL * k
+
+
+@given(shapes, seeds, st.integers(1, 8))
+def test_chunked_statistics(shape, seed, chunks):
+    m, k, _ = shape
+    assert identities.chunked_statistics(_draw(seed, m, k), min(chunks, k)) < FLOAT64_LEVEL * k
+
+
+@given(shapes, seeds, st.integers(1, 32))
+def test_deferred_scale(shape, seed, k_tile):
+    m, k, n = shape
+    assert identities.deferred_scale(_draw(seed, m, k), _draw(seed + 1, k, n), 1e-6,
+                                     k_tile) < FLOAT64_LEVEL * k
+
+
+@given(shapes, seeds, st.floats(1e-3, 1e3))
+def test_norm_cancellation(shape, seed, c):
+    m, k, n = shape
+    assert identities.norm_cancellation(_draw(seed, m, k), c, _draw(seed + 1, k, n)) < (
+        FLOAT64_LEVEL * k)
+
+
+@given(shapes, seeds)
+def test_qk_norm(shape, seed):
+    m, k, n = shape
+    err = identities.qk_norm_scores(_draw(seed, m, k), _draw(seed + 1, n, k), _draw(seed + 2, k),
+                                    _draw(seed + 3, k), 1e-6)
+    assert err < FLOAT64_LEVEL * k

@@ -1,0 +1,131 @@
+"""`python -m verify`: run the properties for every op x dtype and print a table.
+
+    python -m verify [--impl xla|interpret|mosaic] [--examples N] [--seed S] [--ops ...]
+
+Exits 1 if any property fails. Each row: hypothesis examples run, the worst
+error / tolerance seen (<= 1 passes) and the verdict; a failing row prints the
+shrunk counterexample below the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import HealthCheck, given, seed, settings
+
+from verify import checks, identities, strategies
+
+
+@dataclass
+class Row:
+    what: str
+    dtype: str
+    examples: int = 0
+    worst: float = 0.0
+    failure: str = ""
+    seconds: float = 0.0
+
+
+def _run_property(row: Row, strategy, check: Callable[[dict], float], examples: int,
+                  seed_value: int) -> Row:
+    start = time.perf_counter()
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def prop(inputs):
+        row.examples += 1
+        row.worst = max(row.worst, check(inputs))
+
+    try:
+        prop()
+    except Exception as err:  # the report shows the shrunk counterexample
+        row.failure = f"{type(err).__name__}: {err}"
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def _identity_rows(examples: int, seed_value: int) -> list[Row]:
+    from hypothesis import strategies as st
+
+    def arrays(rng, *shape):
+        return rng.standard_normal(shape)
+
+    def run(name: str, fn: Callable[[np.random.Generator], float]) -> Row:
+        # Identities hold to float64 rounding: relative 1e-9 leaves room for sqrt(K) growth.
+        return _run_property(Row(f"identity: {name}", "float64"), st.integers(0, 2**32 - 1),
+                             lambda s: fn(np.random.default_rng(s)) / 1e-9, examples,
+                             seed_value)
+
+    return [
+        run("lazy RMSNorm", lambda r: identities.lazy_rms(
+            arrays(r, 4, 37), arrays(r, 37), arrays(r, 37, 5), 1e-6)),
+        run("lazy LayerNorm", lambda r: identities.lazy_layer_norm(
+            arrays(r, 4, 37), arrays(r, 37), arrays(r, 37), arrays(r, 37, 5), arrays(r, 5), 1e-6)),
+        run("centering", lambda r: identities.centering(arrays(r, 3, 9), arrays(r, 9, 4))),
+        run("variance from moments", lambda r: identities.variance_from_moments(arrays(r, 3, 9))),
+        run("chunked statistics", lambda r: identities.chunked_statistics(arrays(r, 3, 50), 4)),
+        run("deferred scale", lambda r: identities.deferred_scale(
+            arrays(r, 3, 40), arrays(r, 40, 6), 1e-6, 16)),
+        run("norm cancellation", lambda r: identities.norm_cancellation(
+            arrays(r, 3, 12), float(r.uniform(0.01, 100.0)), arrays(r, 12, 7))),
+        run("QK-norm scores", lambda r: identities.qk_norm_scores(
+            arrays(r, 5, 16), arrays(r, 6, 16), arrays(r, 16), arrays(r, 16), 1e-6)),
+    ]
+
+
+def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
+             max_k: int) -> list[Row]:
+    rows = []
+    for op in ops:
+        for dtype in strategies.DTYPES:
+            rows.append(_run_property(
+                Row(op, str(dtype)), strategies.op_inputs(op, dtype, max_k=max_k),
+                lambda inputs, op=op: checks.check_op(op, impl, **inputs), examples,
+                seed_value))
+        rows.append(_run_property(
+            Row(f"grad {op}", "float32"),
+            strategies.op_inputs(op, np.float32, max_k=min(max_k, 1024)),
+            lambda inputs, op=op: checks.check_grad(op, impl, **inputs), examples, seed_value))
+    return rows
+
+
+def _print_table(rows: list[Row], impl: str) -> None:
+    print(f"\njaxnorm verify report (impl={impl})")
+    header = f"{'property':<34} {'dtype':<9} {'examples':>8} {'worst err/tol':>14} {'time':>7}  verdict"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        verdict = "FAIL" if r.failure else "pass"
+        print(f"{r.what:<34} {r.dtype:<9} {r.examples:>8} {r.worst:>14.3g} {r.seconds:>6.1f}s  {verdict}")
+    for r in rows:
+        if r.failure:
+            print(f"\nFAIL {r.what} [{r.dtype}]:\n{r.failure}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.split("\n")[0])
+    parser.add_argument("--impl", default="xla", choices=["xla", "interpret", "mosaic"])
+    parser.add_argument("--examples", type=int, default=25, help="hypothesis examples per row")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ops", nargs="+", default=list(checks.OPS), choices=checks.OPS)
+    parser.add_argument("--max-k", type=int, default=8192,
+                        help="largest hidden size drawn (interpret mode is slow: use 256)")
+    parser.add_argument("--no-identities", action="store_true")
+    args = parser.parse_args(argv)
+    rows = [] if args.no_identities else _identity_rows(args.examples, args.seed)
+    for row in rows:
+        print(f"  {row.what}: {row.examples} examples", file=sys.stderr)
+    rows += _op_rows(args.ops, args.impl, args.examples, args.seed, args.max_k)
+    _print_table(rows, args.impl)
+    return 1 if any(r.failure for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The algebra of DESIGN section 1, each identity as a float64 check.
+
+Every function takes float64 arrays, evaluates both sides of one identity and
+returns the largest relative difference, so properties can assert it is at
+the level of float64 rounding. Hand-countable anchors live in tests/test_identities.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verify import references as ref
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    scale = max(float(np.max(np.abs(a))), float(np.max(np.abs(b))), 1e-300)
+    return float(np.max(np.abs(a - b))) / scale
+
+
+def lazy_rms(x: np.ndarray, g: np.ndarray, w: np.ndarray, eps: float) -> float:
+    """1. RMSNorm(X; g) @ W = diag(r(X)) (X @ (diag(g) W))."""
+    lhs = ref.rms_norm(x, g, eps=eps) @ w
+    rhs = ref.rms_inverse(x, eps) * (x @ (g[:, None] * w))
+    return _rel(lhs, rhs)
+
+
+def lazy_layer_norm(x, g, beta, w, b, eps: float) -> float:
+    """2. LayerNorm(X; g, beta) @ W + b = diag(s) (X W* - mu (1^T W*)) + (beta W + b)."""
+    lhs = ref.layer_norm(x, g, beta, eps=eps) @ w + b
+    w_star = g[:, None] * w
+    mu, s = ref.mean_and_inverse_std(x, eps)
+    rhs = s * (x @ w_star - mu * np.sum(w_star, axis=0)) + (beta @ w + b)
+    return _rel(lhs, rhs)
+
+
+def centering(a: np.ndarray, b: np.ndarray) -> float:
+    """2'. A_c B = A B - mean(A) (1^T B), A_c the row-centred A."""
+    mu = np.mean(a, axis=-1, keepdims=True)
+    return _rel((a - mu) @ b, a @ b - mu * np.sum(b, axis=0))
+
+
+def variance_from_moments(x: np.ndarray) -> float:
+    """2''. sigma^2 = E[x^2] - E[x]^2 (exact in float64; the float32 code never uses it)."""
+    return _rel(np.var(x, axis=-1), np.mean(x * x, axis=-1) - np.mean(x, axis=-1) ** 2)
+
+
+def chunked_statistics(x: np.ndarray, chunks: int) -> float:
+    """3. Row (sum, sum of squares) from per-tile partials = whole-row statistics.
+
+    Each tile reduces its columns; partials are added (what CTAs exchange).
+    Mean and variance follow from the combined (count, sum, sum of squares).
+    """
+    parts = np.array_split(x, chunks, axis=-1)
+    s = sum(np.sum(p, axis=-1) for p in parts)
+    ss = sum(np.sum(p * p, axis=-1) for p in parts)
+    k = x.shape[-1]
+    combined = np.stack([s, ss, ss / k - (s / k) ** 2])
+    whole = np.stack([np.sum(x, -1), np.sum(x * x, -1), np.var(x, -1)])
+    return _rel(combined, whole)
+
+
+def deferred_scale(x: np.ndarray, w: np.ndarray, eps: float, k_tile: int) -> float:
+    """4. The K-loop accumulates X W and the statistic independently; the scale waits for both.
+
+    Tiles of K are accumulated in any order; applying diag(r) after the loop
+    equals normalizing first.
+    """
+    k = x.shape[-1]
+    acc = np.zeros((x.shape[0], w.shape[1]))
+    ssq = np.zeros((x.shape[0], 1))
+    for start in range(0, k, k_tile):
+        xs = x[:, start:start + k_tile]
+        acc += xs @ w[start:start + k_tile]
+        ssq += np.sum(xs * xs, axis=-1, keepdims=True)
+    epilogue = acc / np.sqrt(ssq / k + eps)
+    return _rel(epilogue, ref.rms_norm(x, eps=eps) @ w)
+
+
+def norm_cancellation(x: np.ndarray, c: float, w: np.ndarray) -> float:
+    """5. RMSNorm(c x) = RMSNorm(x) for c > 0 (eps = 0), so RMSNorm(RMSNorm(x) W) = RMSNorm(x W)."""
+    scale_invariance = _rel(ref.rms_norm(c * x, eps=0.0), ref.rms_norm(x, eps=0.0))
+    chained = _rel(ref.rms_norm(ref.rms_norm(x, eps=0.0) @ w, eps=0.0),
+                   ref.rms_norm(x @ w, eps=0.0))
+    return max(scale_invariance, chained)
+
+
+def qk_norm_scores(q, k, gq, gk, eps: float) -> float:
+    """6. (diag(r_q) Q Gq)(diag(r_k) K Gk)^T = diag(r_q) (Q Gq Gk K^T) diag(r_k)."""
+    lhs = ref.rms_norm(q, gq, eps=eps) @ ref.rms_norm(k, gk, eps=eps).T
+    rq, rk = ref.rms_inverse(q, eps), ref.rms_inverse(k, eps)
+    rhs = rq * ((q * (gq * gk)) @ k.T) * rk.T
+    return _rel(lhs, rhs)
