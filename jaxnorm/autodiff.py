@@ -1,0 +1,258 @@
+"""Backward passes: one `jax.custom_vjp` per op family, forward through dispatch.
+
+The forward rule runs whatever implementation dispatch picks (the Mosaic
+kernel on Hopper, xla elsewhere) and saves only the inputs plus per-row float32
+statistics (r for RMSNorm; the shifted mean and s for LayerNorm), never the
+normalized activation. The backward recomputes what it needs from those, in
+the lazy form of docs/backward.md: the row scale lands on the [M, N]
+cotangent or the [M, K] product, the gain on a K-vector, so each step is a
+GEMM plus a row or column reduction that a kernel can fuse later.
+
+The backward is pure JAX and differentiable itself, and the forward rule calls
+the implementation directly (not the custom_vjp function), so `jax.jvp` over
+`jax.grad` works wherever the forward is differentiable JAX (impl="xla").
+LayerNorm statistics are shifted by each row's first element exactly as in
+`jaxnorm.statistics`, so rows with |mean| >> std keep their gradient digits.
+
+Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm import dispatch, statistics
+from jaxnorm.backends.xla import matmul_f32
+
+Array = jax.Array
+F32 = jnp.float32
+
+
+class _Static(NamedTuple):
+    """Everything the rules need that is not an array (a custom_vjp nondiff argument)."""
+
+    kind: str  # "rms" or "layer"
+    eps: float
+    scale_offset: float
+    impl: str | None
+    dtypes: Any  # the differentiable inputs' dtypes (None where absent): cotangents match them
+
+
+def _static(kind: str, eps: float, scale_offset: float, impl: str | None, *inputs) -> _Static:
+    dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
+    return _Static(kind, eps, scale_offset, impl, dtypes)
+
+
+def _cast_like(grads: tuple, dtypes: tuple) -> tuple:
+    """Cotangents in each input's dtype, None where the input was None."""
+    return jax.tree.map(lambda g, d: g.astype(d), grads, dtypes)
+
+
+def _gain(scale: Array | None, scale_offset: float) -> Array | float:
+    return 1.0 if scale is None else scale.astype(F32) + scale_offset
+
+
+# ------------------------------------------------------------ row statistics
+
+
+def _shifted(x32: Array) -> Array:
+    """x minus its row's first element: exact for values near it (Sterbenz), gradient-neutral."""
+    return x32 - lax.stop_gradient(x32[:, :1])
+
+
+def _row_stats(kind: str, x32: Array, eps: float) -> tuple[Array, ...]:
+    """What the forward saves per row: (r,) or (mean of the shifted row, s)."""
+    if kind == "rms":
+        return (statistics.rms_inverse(x32, eps),)
+    d = _shifted(x32)
+    mean_d = jnp.mean(d, axis=-1)
+    var = jnp.mean(jnp.square(d - mean_d[:, None]), axis=-1)
+    return mean_d, statistics.safe_rsqrt(var + eps)
+
+
+class _Rows(NamedTuple):
+    """A norm's input as the backward sees it: xhat = inv * centred, never stored."""
+
+    centred: Array  # x for RMSNorm, x - mean for LayerNorm, float32 [M, K]
+    inv: Array  # r or s, float32 [M]
+
+
+def _rows(kind: str, x32: Array, stats: tuple[Array, ...]) -> _Rows:
+    if kind == "rms":
+        return _Rows(x32, stats[0])
+    mean_d, inv_std = stats
+    return _Rows(_shifted(x32) - mean_d[:, None], inv_std)
+
+
+def _norm_input_grad(kind: str, rows: _Rows, g_star: Array) -> Array:
+    """dx of xhat(x) given dxhat = g_star (the cotangent with the gain applied).
+
+    RMSNorm:   dx = r (G* - (r^2/K) rowsum(G* x) x)
+    LayerNorm: dx = s (G* - mean(G*) - (s^2/K) rowsum(G* (x - mu)) (x - mu))
+    """
+    c, inv = rows.centred, rows.inv[:, None]
+    proj = jnp.mean(g_star * c, axis=-1, keepdims=True) * inv * inv
+    if kind == "rms":
+        return inv * (g_star - proj * c)
+    return inv * (g_star - jnp.mean(g_star, axis=-1, keepdims=True) - proj * c)
+
+
+def _gain_grads(rows: _Rows, g: Array, has_scale: bool, has_bias: bool):
+    """(d scale, d norm bias) = (colsum(inv * centred * G), colsum(G)), None where absent."""
+    d_scale = jnp.sum(rows.inv[:, None] * rows.centred * g, axis=0) if has_scale else None
+    d_bias = jnp.sum(g, axis=0) if has_bias else None
+    return d_scale, d_bias
+
+
+def _forward(s: _Static, op: str, *args: Any, **kwargs: Any) -> Any:
+    return dispatch.call(op, s.impl, *args, eps=s.eps, **kwargs)
+
+
+# ------------------------------------------------------------ standalone norms
+
+
+def _norm_primal(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Array:
+    args = (x, scale) if s.kind == "rms" else (x, scale, bias)
+    return _forward(s, f"{s.kind}_norm", *args, scale_offset=s.scale_offset)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _norm(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Array:
+    return _norm_primal(s, x, scale, bias)
+
+
+def _norm_fwd(s: _Static, x, scale, bias):
+    stats = _row_stats(s.kind, x.astype(F32), s.eps)
+    return _norm_primal(s, x, scale, bias), (x, scale, stats)
+
+
+def _norm_bwd(s: _Static, res, dy: Array):
+    x, scale, stats = res
+    bias_dtype = s.dtypes[2]
+    g = dy.astype(F32)
+    rows = _rows(s.kind, x.astype(F32), stats)
+    dx = _norm_input_grad(s.kind, rows, g * _gain(scale, s.scale_offset))
+    d_scale, d_bias = _gain_grads(rows, g, scale is not None, bias_dtype is not None)
+    return _cast_like((dx, d_scale, d_bias), s.dtypes)
+
+
+_norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,
+         scale_offset: float, impl: str | None) -> Array:
+    """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]."""
+    s = _static(kind, eps, scale_offset, impl, x, scale, bias)
+    return _norm(s, x, scale, bias)
+
+
+# ------------------------------------------------------------ pre-norm dense
+
+
+def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array, ...]:
+    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    return _forward(s, f"{s.kind}_norm_dense", x, *norm_args, kernels, biases,
+                    scale_offset=s.scale_offset)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _norm_dense(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array, ...]:
+    return _norm_dense_primal(s, x, scale, norm_bias, kernels, biases)
+
+
+def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
+    stats = _row_stats(s.kind, x.astype(F32), s.eps)
+    outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases)
+    return outs, (x, scale, norm_bias, kernels, stats)
+
+
+def _norm_dense_bwd(s: _Static, res, dys: tuple[Array, ...]):
+    """Y_i = N W_i + b_i with N = diag(inv) C diag(gain) + 1 beta^T never formed:
+
+    G = sum_i dY_i W_i^T; dX from G * gain (see `_norm_input_grad`);
+    dW_i = diag(gain) C^T (inv * dY_i) + beta colsum(dY_i); db_i = colsum(dY_i).
+    """
+    x, scale, norm_bias, kernels, stats = res
+    bias_dtypes = s.dtypes[4]
+    gain = _gain(scale, s.scale_offset)
+    rows = _rows(s.kind, x.astype(F32), stats)
+    g = sum(matmul_f32(dy, w.T) for dy, w in zip(dys, kernels))
+    dx = _norm_input_grad(s.kind, rows, g * gain)
+    d_scale, d_norm_bias = _gain_grads(rows, g, scale is not None, norm_bias is not None)
+    centred_t = rows.centred.T.astype(x.dtype)  # the GEMM operand, in x's precision
+    d_kernels, d_biases = [], []
+    for dy, b_dtype in zip(dys, bias_dtypes):
+        dw = matmul_f32(centred_t, rows.inv[:, None] * dy.astype(F32))
+        if scale is not None:
+            dw = gain[:, None] * dw
+        col = jnp.sum(dy.astype(F32), axis=0)
+        if norm_bias is not None:
+            dw = dw + norm_bias.astype(F32)[:, None] * col[None, :]
+        d_kernels.append(dw)
+        d_biases.append(None if b_dtype is None else col)
+    grads = (dx, d_scale, d_norm_bias, tuple(d_kernels), tuple(d_biases))
+    return _cast_like(grads, s.dtypes)
+
+
+_norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
+
+
+def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
+               kernels: tuple[Array, ...], biases: tuple[Array | None, ...], *, eps: float,
+               scale_offset: float, impl: str | None) -> tuple[Array, ...]:
+    """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense with a custom VJP."""
+    s = _static(kind, eps, scale_offset, impl, x, scale, norm_bias, kernels, biases)
+    return _norm_dense(s, x, scale, norm_bias, kernels, biases)
+
+
+# ------------------------------------------------------------ post-norm dense
+
+
+def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual):
+    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> tuple[Array, Array]:
+    return _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual)
+
+
+def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
+    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual)
+    # Statistics of the h the caller sees: the backward differentiates at that point.
+    return (y, h), (x, kernel, scale, h, _row_stats(s.kind, h.astype(F32), s.eps))
+
+
+def _dense_norm_bwd(s: _Static, res, cotangents: tuple[Array, Array]):
+    """H = X W + b + R; Y = Norm(H): dH from the row rule (plus H's own cotangent), then
+    dX = dH W^T, dW = X^T dH, db = colsum(dH), dR = dH."""
+    x, kernel, scale, h, stats = res
+    _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
+    dy, dh_out = cotangents
+    g = dy.astype(F32)
+    rows = _rows(s.kind, h.astype(F32), stats)
+    dh = _norm_input_grad(s.kind, rows, g * _gain(scale, 0.0)) + dh_out.astype(F32)
+    d_scale, d_norm_bias = _gain_grads(rows, g, scale is not None, norm_bias_dtype is not None)
+    dh_op = dh.astype(x.dtype)  # GEMM operand in x's precision, like the forward's
+    dx = matmul_f32(dh_op, kernel.T)
+    dw = matmul_f32(x.T, dh_op)
+    db = None if bias_dtype is None else jnp.sum(dh, axis=0)
+    d_res = None if residual_dtype is None else dh
+    return _cast_like((dx, dw, db, d_scale, d_norm_bias, d_res), s.dtypes)
+
+
+_dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
+
+
+def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
+               norm_bias: Array | None, residual: Array | None, *, eps: float,
+               impl: str | None) -> tuple[Array, Array]:
+    """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm sum)."""
+    s = _static(kind, eps, 0.0, impl, x, kernel, bias, scale, norm_bias, residual)
+    return _dense_norm(s, x, kernel, bias, scale, norm_bias, residual)
