@@ -53,13 +53,24 @@ def gains(rng: np.random.Generator, k: int, offset: float) -> np.ndarray:
     return (centre + 0.2 * rng.standard_normal(k)).astype(np.float32)
 
 
+def _dims(multiple: int, upper: int) -> st.SearchStrategy[int]:
+    """Sizes up to `upper`; with multiple > 1 only multiples (what a kernel's tiles serve)."""
+    if multiple > 1:
+        return st.integers(1, max(1, upper // multiple)).map(lambda v: v * multiple)
+    return st.sampled_from([v for v in K_VALUES if v <= upper]) | st.integers(1, min(300, upper))
+
+
 @st.composite
 def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
-              kinds: tuple[str, ...] = VALUE_KINDS) -> dict:
-    """A full keyword set for `verify.checks.check_op(op, impl, **inputs)`."""
+              kinds: tuple[str, ...] = VALUE_KINDS, multiple: int = 1) -> dict:
+    """A full keyword set for `verify.checks.check_op(op, impl, **inputs)`.
+
+    `multiple=64` draws K and N as multiples of 64 (the Mosaic kernels' tiles),
+    so a kernel is exercised instead of raising Unsupported.
+    """
     dtype = draw(dtypes) if dtype is None else np.dtype(dtype)
     rng = np.random.default_rng(draw(seeds))
-    k = draw(st.sampled_from([v for v in K_VALUES if v <= max_k]) | st.integers(1, min(300, max_k)))
+    k = draw(_dims(multiple, max_k))
     m = draw(st.integers(1, 8 if k <= 1024 else 3))
     kind = draw(st.sampled_from(kinds))
     x = rows(rng, m, k, dtype, kind)
@@ -79,9 +90,10 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
         inputs["norm_bias"] = rng.standard_normal(k).astype(np.float32)
     if dense or post:
         n_kernels = draw(st.integers(1, 2)) if dense else 1
-        max_n = 64 if k > 1024 else 160
+        max_n = max(64 if k > 1024 else 160, multiple * 2)
         w_dtype = draw(st.sampled_from([np.dtype(np.float32), dtype]))
-        ns = [draw(st.integers(1, max_n)) for _ in range(n_kernels)]
+        ns = [draw(_dims(multiple, max_n) if multiple > 1 else st.integers(1, max_n))
+              for _ in range(n_kernels)]
         kernels = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(w_dtype) for n in ns]
         use_bias = draw(st.booleans())
         biases = [rng.standard_normal(n).astype(np.float32) for n in ns] if use_bias else None
