@@ -29,8 +29,10 @@ def fold_gain(
     scale: jax.typing.ArrayLike, kernel: jax.typing.ArrayLike, scale_offset: float = 0.0
 ) -> Array:
     """W* = diag(scale + scale_offset) W, in the kernel's dtype."""
-    kernel = jnp.asarray(kernel)
-    (w,), _ = _checks.as_kernel_tuple(kernel, kernel.shape[0] if kernel.ndim else 0)
+    _checks.check_float("kernel", kernel)
+    w = jnp.asarray(kernel)
+    if w.ndim != 2:
+        raise ValueError(f"kernel must have rank 2 ([K, N]); got shape {w.shape}")
     _checks.check_vector("scale", scale, w.shape[0])
     g = _effective_gain(scale, scale_offset)
     return (g[:, None] * w.astype(jnp.float32)).astype(w.dtype)
@@ -88,10 +90,6 @@ def fold_layer_norm(
     """Fold LayerNorm(x; g, beta) @ W + b into (W*, beta @ W + b, 1^T W*)."""
     kernel = jnp.asarray(kernel)
     folded = kernel if scale is None else fold_gain(scale, kernel, scale_offset)
-    n = kernel.shape[1]
-    folded_bias = (
-        fold_norm_bias(norm_bias, kernel, bias)
-        if norm_bias is not None
-        else jnp.zeros((n,), jnp.float32) if bias is None else jnp.asarray(bias, jnp.float32)
-    )
-    return FoldedLayerNorm(folded, folded_bias, column_sums(folded))
+    if norm_bias is None:
+        norm_bias = jnp.zeros((kernel.shape[0],), jnp.float32)
+    return FoldedLayerNorm(folded, fold_norm_bias(norm_bias, kernel, bias), column_sums(folded))
