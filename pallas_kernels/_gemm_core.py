@@ -1,0 +1,773 @@
+"""The warp-specialized persistent Hopper GEMM shared by `plain_matmul` and `lazy_norm_matmul`.
+
+Shape of the kernel (after jax's `ops/gpu/hopper_matmul_mgpu.py`, with its own
+pipeline so that one launch can serve several weight matrices and an optional
+statistics warpgroup can sit beside the MMA warpgroups):
+
+    warpgroup 0, 1   MMA: wait `produced[slot]`, wgmma, arrive `consumed[slot]`;
+                     after the K-loop the epilogue (row scale, column-sum
+                     correction, bias, optional row statistics of Y) writes
+                     x.dtype through SMEM and TMA, then arrives `vec_free`
+                     (and `stats_free`) for the tile's vectors.
+    warpgroup 2      memory: per tile, wait `vec_free` (two tiles back) and TMA
+                     the epilogue vectors (row scale/shift, column sums, bias)
+                     into SMEM, arriving on `vec_ready`; per K step, wait
+                     `consumed[slot]` and TMA the next A and B tiles into
+                     `slot`, arriving on `produced[slot]`.
+    warpgroup 3      (only with `stats_warpgroup`) statistics: waits
+                     `produced[slot]` too, reads the A tile, accumulates per-row
+                     sum and sum of squares, arrives `consumed[slot]` (so the
+                     memory warpgroup cannot overwrite the tile under it); at
+                     the end of a tile it publishes the row scale and shift in
+                     SMEM (`stats_ready`) and waits for the MMA warpgroups to
+                     release them (`stats_free`) before the tile after next.
+
+Every hand-off is an mbarrier; every SMEM buffer read by generic loads and
+then refilled by TMA is released only after `commit_smem` (the proxy fence).
+The interpreter's race detector runs every variant (tests/test_lazy_norm_matmul.py).
+
+The grid is persistent (one CTA per SM); tiles are (M tile, N tile) pairs over
+the concatenated N of all weights, so [wq, wk, wv] cost one launch and no copy.
+A global step counter runs across tiles, so the TMA producer never drains the
+pipeline between tiles. TMA zero-fills out-of-bounds rows and columns on load
+and drops them on store, so M and the vectors need no padding to whole tiles
+(only to 8 rows, see `TMA_ROW_TILE`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+# Interpret mode simulates every CTA as a host thread: a few are enough to
+# exercise the persistent schedule (CTAs owning several tiles).
+INTERPRET_NUM_SMS = 4
+# Used when lowering for "cuda" on a machine without a GPU (compile checks).
+DEFAULT_NUM_SMS = 132
+
+
+class Unsupported(NotImplementedError):
+    """This kernel cannot serve the shapes/dtypes given; the message says why."""
+
+
+class MatmulDimension(enum.IntEnum):
+    M = 0
+    N = 1
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+    """Tile sizes and schedule of the GEMM (one compute warpgroup owns tile_m x tile_n).
+
+    The CTA tile doubles along `wg_dimension` (two MMA warpgroups).
+    `stats_warpgroup` adds a fourth warpgroup that computes the lazy norm's
+    row statistics from the A tiles in flight (design (b)); without it they
+    come from outside (design (a)).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    max_concurrent_steps: int = 4
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    grid_minor_dim: MatmulDimension = MatmulDimension.N
+    grid_tile_width: int = 1
+    wg_dimension: MatmulDimension = MatmulDimension.N
+    stats_warpgroup: bool = False
+
+    @property
+    def cta_tile_m(self) -> int:
+        return self.tile_m * (2 if self.wg_dimension == MatmulDimension.M else 1)
+
+    @property
+    def cta_tile_n(self) -> int:
+        return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
+
+
+class RowStatistics(enum.Enum):
+    """Which row statistic the statistics warpgroup produces (design (b))."""
+
+    RMS = "rms"  # row_scale = rsqrt(mean(x^2) + eps)
+    LAYER = "layer"  # row_scale = rsqrt(var + eps), row_shift = row_scale * mean
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What the epilogue applies to acc = X @ W (all float32, then cast to the output dtype).
+
+        y = row_scale[:, None] * acc - row_shift[:, None] * col_sums[None, :] + col_bias[None, :]
+
+    Row vectors come from inputs (design (a)) or from the statistics warpgroup
+    (`stats`, design (b)). `row_stats_out` also writes per-row partial
+    (sum, sum of squares) of y over each warpgroup's tile_n columns.
+    """
+
+    row_scale: bool = False
+    row_shift: bool = False
+    col_sums: bool = False
+    col_bias: bool = False
+    row_stats_out: bool = False
+    stats: RowStatistics | None = None
+    eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.stats is not None and (self.row_scale or self.row_shift):
+            raise ValueError("row vectors come either from inputs or from the stats warpgroup")
+        shifted = self.row_shift or self.stats == RowStatistics.LAYER
+        if shifted != self.col_sums:
+            raise ValueError("a row shift (s * mean(x)) and col_sums (1^T W*) come together")
+
+
+def num_sms(interpret: bool) -> int:
+    """CTAs of the persistent grid: the device's SMs (or the abstract mesh's, when lowering)."""
+    if interpret:
+        return INTERPRET_NUM_SMS
+    abstract_device = jax.sharding.get_abstract_mesh().abstract_device
+    if abstract_device is not None:
+        return abstract_device.num_cores
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        return device.core_count
+    return DEFAULT_NUM_SMS
+
+
+def check_shapes(
+    x: jax.ShapeDtypeStruct | Array,
+    weights: Sequence[jax.ShapeDtypeStruct | Array],
+    config: TuningConfig,
+) -> None:
+    """Raise Unsupported naming the dimension and the tile it must divide (what we do not serve)."""
+    if x.ndim != 2:
+        raise Unsupported(f"x must be 2-D [M, K]; got shape {x.shape}")
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        raise Unsupported(f"x dtype {x.dtype} not served (bfloat16 and float16 only)")
+    m, k = x.shape
+    if m < 1:
+        raise Unsupported(f"M={m} must be >= 1")
+    if not weights:
+        raise Unsupported("at least one weight matrix is needed")
+    if k % config.tile_k:
+        raise Unsupported(f"K={k} must be a multiple of tile_k={config.tile_k}")
+    for i, w in enumerate(weights):
+        if w.ndim != 2 or w.shape[0] != k:
+            raise Unsupported(f"weight[{i}] must be [K={k}, N]; got {w.shape}")
+        if w.dtype != x.dtype:
+            raise Unsupported(f"weight[{i}] dtype {w.dtype} differs from x dtype {x.dtype}")
+        if w.shape[1] % 64:
+            raise Unsupported(
+                f"weight[{i}] N={w.shape[1]} must be a multiple of 64 (TMA row of the output tile)"
+            )
+    if config.tile_m not in (64, 128):
+        raise Unsupported(f"tile_m={config.tile_m} must be 64 or 128 (wgmma M per warpgroup)")
+    if config.tile_m % config.epi_tile_m:
+        raise Unsupported(
+            f"tile_m={config.tile_m} must be a multiple of epi_tile_m={config.epi_tile_m}"
+        )
+    if config.tile_n % config.epi_tile_n:
+        raise Unsupported(
+            f"tile_n={config.tile_n} must be a multiple of epi_tile_n={config.epi_tile_n}"
+        )
+    if config.tile_n % 64 or config.tile_n > 256:
+        raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
+    if config.stats_warpgroup and config.tile_k != 64:
+        raise Unsupported("the statistics warpgroup reads 64-wide A tiles (tile_k=64)")
+
+
+# Shared memory per CTA on Hopper (the kernel's limit, 227 KiB).
+SMEM_BYTES = 232448
+# Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
+# more). A model: only the 128x256 CTA tile (128x128 per warpgroup, 4 stages,
+# ~800 TFLOP/s at M >= 2048 on the H200) and the decode tiles were measured.
+_CANDIDATES = (
+    # (tile_m, tile_n, wg_dimension, relative efficiency)
+    (128, 128, MatmulDimension.N, 1.0),
+    (128, 64, MatmulDimension.N, 0.9),
+    (64, 128, MatmulDimension.N, 0.8),
+    (64, 64, MatmulDimension.N, 0.7),
+)
+
+
+def smem_bytes(config: TuningConfig, itemsize: int) -> int:
+    """Upper bound of the kernel's SMEM: pipeline slots, output staging, and the
+    largest set of epilogue vectors (row scale and shift, column sums and
+    bias, the statistics warpgroup's rows, row statistics out), plus barriers."""
+    stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * itemsize
+    out = 2 * 2 * config.epi_tile_m * config.epi_tile_n * itemsize
+    vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
+                   + 2 * 2 * config.tile_m)
+    return stage * config.max_concurrent_steps + out + vectors + 512
+
+
+def _fit_smem(config: TuningConfig, itemsize: int, max_steps: int) -> TuningConfig:
+    """The deepest pipeline (<= max_steps) that fits; a narrower output staging tile
+    first, when that is what keeps 4 stages."""
+    for epi_n in (config.epi_tile_n, config.epi_tile_n // 2):
+        for steps in range(max_steps, 3, -1):
+            fitted = dataclasses.replace(config, max_concurrent_steps=steps, epi_tile_n=epi_n)
+            if smem_bytes(fitted, itemsize) <= SMEM_BYTES:
+                return fitted
+    return dataclasses.replace(config, max_concurrent_steps=3)
+
+
+def default_config(
+    m: int,
+    k: int,
+    ns: Sequence[int],
+    *,
+    sms: int = DEFAULT_NUM_SMS,
+    itemsize: int = 2,
+    stats_warpgroup: bool = False,
+) -> TuningConfig:
+    """Tiles per shape: a decode config for M <= 64, else the CTA tile that best fills the SMs.
+
+    Decode (M <= 64) streams the weights: 64x64 warpgroup tiles (more CTAs
+    pulling weights at once), the deepest pipeline that fits.
+    Prefill: among the candidate tiles, the one with the least modelled time
+    (waves of `sms` CTAs times tile area over its relative efficiency).
+    The grid walks 8-M-tile strips across N so a wave's A and B tiles stay in
+    L2 (H200, 8192x4096x14336: 1209 us, against 1268 us walking N-tile columns).
+    """
+    del k  # K only sets the trip count of the K-loop.
+    if m <= 64:
+        # 64x128 CTA tiles; when those leave more than half the SMs idle, 128x64
+        # ones (the second warpgroup's rows are past M: its wgmma is idle tensor
+        # time, but twice the CTAs stream weights). H200, M=16: 64x128 tiles
+        # ran N=14336 (112 CTAs) at 3.5 TB/s but N=6144 (48 CTAs) at 2.6 TB/s.
+        wide_tiles = sum(pl.cdiv(n, 128) for n in ns)
+        wg_dim = MatmulDimension.M if wide_tiles < sms // 2 else MatmulDimension.N
+        config = TuningConfig(
+            tile_m=64, tile_n=64, wg_dimension=wg_dim, stats_warpgroup=stats_warpgroup
+        )
+        return _fit_smem(config, itemsize, max_steps=8)
+    best, best_time = None, float("inf")
+    for tile_m, tile_n, wg_dim, efficiency in _CANDIDATES:
+        config = TuningConfig(
+            tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim, stats_warpgroup=stats_warpgroup
+        )
+        tiles = pl.cdiv(m, config.cta_tile_m) * sum(pl.cdiv(n, config.cta_tile_n) for n in ns)
+        time = pl.cdiv(tiles, sms) * config.cta_tile_m * config.cta_tile_n / efficiency
+        if time < best_time:
+            best, best_time = config, time
+    assert best is not None
+    return dataclasses.replace(
+        _fit_smem(best, itemsize, max_steps=6),
+        grid_minor_dim=MatmulDimension.M,
+        grid_tile_width=min(8, pl.cdiv(m, best.cta_tile_m)),
+    )
+
+
+def _n_tiles(weights: Sequence[jax.ShapeDtypeStruct | Array], cta_tile_n: int) -> list[int]:
+    return [pl.cdiv(w.shape[1], cta_tile_n) for w in weights]
+
+
+def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
+    """SMEM tile with the widest swizzle that `width` columns allow (what wgmma and TMA want)."""
+    swizzle = plgpu.find_swizzle(width * jnp.dtype(dtype).itemsize * 8)
+    swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(
+        shape,
+        dtype,
+        transforms=(plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle)),
+    )
+
+
+def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n_tiles: list[int]):
+    refs = list(refs)
+    x_gmem = refs.pop(0)
+    w_gmems = [refs.pop(0) for _ in range(num_weights)]
+    # Vectors the memory warpgroup stages into SMEM for each tile's epilogue.
+    row_names = [n for n in ("row_scale", "row_shift") if getattr(epilogue, n)]
+    col_names = [n for n in ("col_sums", "col_bias") if getattr(epilogue, n)]
+    row_gmems = {n: refs.pop(0) for n in row_names}
+    # One column vector per weight: no per-call concatenation.
+    col_gmems = {n: [refs.pop(0) for _ in range(num_weights)] for n in col_names}
+    out_gmems = [refs.pop(0) for _ in range(num_weights)]
+    stats_out_gmems = (refs.pop(0), refs.pop(0)) if epilogue.row_stats_out else None
+    assert not refs, refs
+
+    dtype = x_gmem.dtype
+    out_dtype = out_gmems[0].dtype
+    m, k = x_gmem.shape
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    cta_tile_m, cta_tile_n = config.cta_tile_m, config.cta_tile_n
+    epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+    m_iters = pl.cdiv(m, cta_tile_m)
+    k_iters = k // tile_k
+    n_iters = sum(n_tiles)
+    n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
+    steps = config.max_concurrent_steps
+    stats = epilogue.stats
+    num_mma_wgs, memory_wg, stats_wg = 2, 2, 3
+    # Every A/B slot is released by both MMA warpgroups and, with design (b),
+    # by the statistics warpgroup, which reads the same A tile.
+    consumers = num_mma_wgs + (1 if stats is not None else 0)
+    num_vectors = len(row_names) + len(col_names)
+    wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
+
+    def tile_coords(lin_idx):
+        return plgpu.planar_snake(
+            lin_idx, (m_iters, n_iters), config.grid_minor_dim, config.grid_tile_width
+        )
+
+    def for_weight(n_idx, fn):
+        """Run fn(weight index, local N tile) for the weight that owns global N tile n_idx."""
+        if num_weights == 1:
+            fn(0, n_idx)
+            return
+        for i in range(num_weights):
+            lo, hi = n_starts[i], n_starts[i] + n_tiles[i]
+            pl.when((n_idx >= lo) & (n_idx < hi))(functools.partial(fn, i, n_idx - lo))
+
+    scratch = dict(
+        a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
+        # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
+        b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
+        out_smem=_swizzled((num_mma_wgs, 2, epi_m, epi_n), out_dtype, epi_n),
+        # Two TMA copies (A and B) arrive on each produced barrier.
+        produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+        consumed=plgpu.Barrier(num_arrivals=consumers, num_barriers=steps),
+    )
+    if num_vectors:
+        # Epilogue vectors of a tile, double-buffered by the CTA's tile parity.
+        scratch["row_smem"] = plgpu.SMEM((2, max(len(row_names), 1), cta_tile_m), jnp.float32)
+        scratch["col_smem"] = plgpu.SMEM((2, max(len(col_names), 1), cta_tile_n), jnp.float32)
+        scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
+        scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
+    if stats is not None:
+        # Row scale and shift from the statistics warpgroup, same double buffering.
+        scratch["stats_smem"] = plgpu.SMEM((2, 2, cta_tile_m), jnp.float32)
+        scratch["stats_ready"] = plgpu.Barrier(num_arrivals=1, num_barriers=2)
+        scratch["stats_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
+    if stats_out_gmems is not None:
+        scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
+
+    def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
+             vec_ready=None, vec_free=None, stats_smem=None, stats_ready=None, stats_free=None,
+             stats_out_smem=None):
+        wg_idx = lax.axis_index("wg")
+
+        def memory_warpgroup():
+            plgpu.set_max_registers(40, action="decrease")
+
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            def total_steps(loop_info, carry):
+                m_idx, n_idx = tile_coords(loop_info.index[0])
+                if num_vectors:
+                    parity = lax.rem(loop_info.local_index, 2)
+
+                    # The MMA warpgroups must be done with what this buffer held two tiles ago.
+                    @pl.when(loop_info.local_index >= 2)
+                    def _():
+                        plgpu.barrier_wait(vec_free.at[parity])
+
+                    # Vectors are not padded: TMA zero-fills past M (or N_i).
+                    for j, name in enumerate(row_names):
+                        plgpu.copy_gmem_to_smem(
+                            row_gmems[name].at[pl.ds(m_idx * cta_tile_m, cta_tile_m)],
+                            row_smem.at[parity, j],
+                            vec_ready.at[parity],
+                        )
+
+                    def load_columns(i, local_n):
+                        for j, name in enumerate(col_names):
+                            plgpu.copy_gmem_to_smem(
+                                col_gmems[name][i].at[pl.ds(local_n * cta_tile_n, cta_tile_n)],
+                                col_smem.at[parity, j],
+                                vec_ready.at[parity],
+                            )
+
+                    for_weight(n_idx, load_columns)
+
+                def issue(i, local_n):
+                    @pl.loop(0, k_iters)
+                    def _k(ki):
+                        step = carry + ki
+                        slot = lax.rem(step, steps)
+
+                        # The slot is free once every consumer of its previous
+                        # fill has arrived (the first `steps` fills need no wait).
+                        @pl.when(step >= steps)
+                        def _():
+                            plgpu.barrier_wait(consumed.at[slot])
+
+                        k_slice = pl.ds(ki * tile_k, tile_k)
+                        plgpu.copy_gmem_to_smem(
+                            x_gmem.at[pl.ds(m_idx * cta_tile_m, cta_tile_m), k_slice],
+                            a_smem.at[slot],
+                            produced.at[slot],
+                        )
+                        plgpu.copy_gmem_to_smem(
+                            w_gmems[i].at[k_slice, pl.ds(local_n * cta_tile_n, cta_tile_n)],
+                            b_smem.at[slot],
+                            produced.at[slot],
+                        )
+
+                for_weight(n_idx, issue)
+                return carry + k_iters
+
+            # Observe the consumers' last releases so that no barrier phase is
+            # left unobserved when the CTA exits.
+            @pl.loop(jnp.maximum(total_steps - steps, 0), total_steps)
+            def _drain(step):
+                plgpu.barrier_wait(consumed.at[lax.rem(step, steps)])
+
+            if num_vectors:
+                local_tiles = total_steps // k_iters
+
+                @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
+                def _drain_vectors(t):
+                    plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
+
+        def mma_warpgroup():
+            # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512, or with the
+            # statistics warpgroup 2 x 192 + 40 + 64 = 488 (slack against a launch below 128).
+            plgpu.set_max_registers(192 if stats is not None else 232, action="increase")
+            if config.wg_dimension == MatmulDimension.M:
+                wg_m0, wg_n0 = wg_idx * tile_m, 0
+            else:
+                wg_m0, wg_n0 = 0, wg_idx * tile_n
+
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            def _tiles(loop_info, carry):
+                m_idx, n_idx = tile_coords(loop_info.index[0])
+                parity = lax.rem(loop_info.local_index, 2)
+
+                def k_loop(acc_ref):
+                    def step_fn(ki, acc_ref):
+                        slot = lax.rem(carry + ki, steps)
+                        plgpu.barrier_wait(produced.at[slot])
+                        plgpu.wgmma(
+                            acc_ref,
+                            a_smem.at[slot, pl.ds(wg_m0, tile_m)],
+                            b_smem.at[slot, :, pl.ds(wg_n0, tile_n)],
+                        )
+                        # The slot may be refilled only after the wgmma reading it is done.
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(consumed.at[slot])
+                        return acc_ref
+
+                    lax.fori_loop(0, k_iters, step_fn, acc_ref)
+                    return acc_ref[...]
+
+                acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
+
+                rows = pl.ds(wg_m0, tile_m)
+                cols = pl.ds(wg_n0, tile_n)
+                vectors = {}
+                if num_vectors:
+                    plgpu.barrier_wait(vec_ready.at[parity])
+                    for j, name in enumerate(row_names):
+                        vectors[name] = row_smem.at[parity, j, rows]
+                    for j, name in enumerate(col_names):
+                        vectors[name] = col_smem.at[parity, j, cols]
+                if stats is not None:
+                    plgpu.barrier_wait(stats_ready.at[parity])
+                    vectors["row_scale"] = stats_smem.at[parity, 0, rows]
+                    if stats == RowStatistics.LAYER:
+                        vectors["row_shift"] = stats_smem.at[parity, 1, rows]
+
+                def store(src, r, c):
+                    def copy(i, local_n):
+                        plgpu.copy_smem_to_gmem(
+                            src,
+                            out_gmems[i].at[
+                                pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
+                                pl.ds(local_n * cta_tile_n + wg_n0 + c, epi_n),
+                            ],
+                        )
+
+                    for_weight(n_idx, copy)
+
+                row_stats = None
+                if stats_out_gmems is not None:
+                    part = n_idx * wg_parts + (wg_idx if wg_parts == 2 else 0)
+                    row_stats = (
+                        stats_out_smem.at[wg_idx],
+                        [g.at[part, pl.ds(m_idx * cta_tile_m + wg_m0, tile_m)]
+                         for g in stats_out_gmems],
+                    )
+                _epilogue(
+                    acc,
+                    wg_idx=wg_idx,
+                    out_smem=out_smem,
+                    store=store,
+                    vectors=vectors,
+                    row_stats=row_stats,
+                    config=config,
+                    out_dtype=out_dtype,
+                )
+                # Release this tile's vectors; the fence orders the reads above
+                # before the TMA writes that will refill the buffer.
+                if num_vectors or stats is not None:
+                    plgpu.commit_smem()
+                if num_vectors:
+                    plgpu.barrier_arrive(vec_free.at[parity])
+                if stats is not None:
+                    plgpu.barrier_arrive(stats_free.at[parity])
+                return carry + k_iters
+
+        def stats_warpgroup():
+            plgpu.set_max_registers(64, action="decrease")
+            _statistics_loop(
+                a_smem=a_smem,
+                produced=produced,
+                consumed=consumed,
+                stats_smem=stats_smem,
+                stats_ready=stats_ready,
+                stats_free=stats_free,
+                num_tiles=m_iters * n_iters,
+                k_iters=k_iters,
+                k=k,
+                steps=steps,
+                cta_tile_m=cta_tile_m,
+                stats=stats,
+                eps=epilogue.eps,
+            )
+
+        if stats is None:
+            lax.cond(wg_idx == memory_wg, memory_warpgroup, mma_warpgroup)
+        else:
+            lax.cond(
+                wg_idx == memory_wg,
+                memory_warpgroup,
+                lambda: lax.cond(wg_idx == stats_wg, stats_warpgroup, mma_warpgroup),
+            )
+        # Await all output copies before the CTA exits.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    pl.run_scoped(body, **scratch, collective_axes="wg")
+
+
+def _epilogue(
+    acc: Array,
+    *,
+    wg_idx,
+    out_smem,
+    store,
+    vectors: dict,
+    row_stats,
+    config: TuningConfig,
+    out_dtype,
+) -> None:
+    """y = scale * acc - shift * c + b on one warpgroup's tile, stored in (epi_m x epi_n) pieces.
+
+    `vectors` maps row_scale/row_shift ([tile_m]) and col_sums/col_bias
+    ([tile_n]) to SMEM refs; `row_stats` is (SMEM [2, tile_m], GMEM
+    destinations) for the per-row (sum, sum of squares) of y.
+    """
+    tile_m, tile_n = config.tile_m, config.tile_n
+    epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    n_pieces = tile_n // epi_n
+    # Drain any store still reading out_smem (or the row statistics) from the previous tile.
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    for mi in range(tile_m // epi_m):
+        rows = slice(mi * epi_m, (mi + 1) * epi_m)
+
+        def row_vector(name):
+            ref = vectors.get(name)
+            return None if ref is None else plgpu.load(ref.at[rows], layout=row_layout)
+
+        scale, shift = row_vector("row_scale"), row_vector("row_shift")
+        row_sum = row_sumsq = None
+        for ni in range(n_pieces):
+            cols = slice(ni * epi_n, (ni + 1) * epi_n)
+            y = acc[rows, cols]
+            if scale is not None:
+                y = y * lax.broadcast_in_dim(scale, y.shape, [0])
+            if shift is not None:
+                c = plgpu.load(vectors["col_sums"].at[cols], layout=col_layout)
+                y = y - (lax.broadcast_in_dim(shift, y.shape, [0])
+                         * lax.broadcast_in_dim(c, y.shape, [1]))
+            if "col_bias" in vectors:
+                b = plgpu.load(vectors["col_bias"].at[cols], layout=col_layout)
+                y = y + lax.broadcast_in_dim(b, y.shape, [1])
+            if row_stats is not None:
+                part_sum, part_sumsq = jnp.sum(y, axis=1), jnp.sum(y * y, axis=1)
+                row_sum = part_sum if row_sum is None else row_sum + part_sum
+                row_sumsq = part_sumsq if row_sumsq is None else row_sumsq + part_sumsq
+            slot = (mi * n_pieces + ni) % 2
+            # The store issued two pieces ago read this slot; wait until it has.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[wg_idx, slot] = y.astype(out_dtype)
+            # Make the generic-proxy SMEM writes visible to the TMA engine.
+            plgpu.commit_smem()
+            store(out_smem.at[wg_idx, slot], mi * epi_m, ni * epi_n)
+        if row_stats is not None:
+            row_stats[0].at[0, rows][...] = row_sum
+            row_stats[0].at[1, rows][...] = row_sumsq
+    if row_stats is not None:
+        plgpu.commit_smem()
+        for j in range(2):
+            plgpu.copy_smem_to_gmem(row_stats[0].at[j], row_stats[1][j])
+
+
+def safe_rsqrt(v: Array) -> Array:
+    """rsqrt(v) where v > 0, else 0 (a zero row with eps = 0 gives zeros); NaN stays NaN."""
+    positive = v > 0
+    r = lax.rsqrt(jnp.where(positive, v, 1.0))
+    return jnp.where(positive, r, jnp.where(v != v, v, 0.0))
+
+
+def _statistics_loop(
+    *,
+    a_smem,
+    produced,
+    consumed,
+    stats_smem,
+    stats_ready,
+    stats_free,
+    num_tiles: int,
+    k_iters: int,
+    k: int,
+    steps: int,
+    cta_tile_m: int,
+    stats: RowStatistics,
+    eps: float,
+) -> None:
+    """Design (b): row statistics from the A tiles the MMA warpgroups are consuming.
+
+    Reads each A slot once (64 rows at a time, to stay inside 64 registers),
+    accumulates per-row sum of squares (RMS) or shifted sum and sum of squares
+    (LayerNorm: every value minus an early estimate of its row mean, the mean
+    of the row's first K tile, so the variance does not cancel when
+    |mean| >> std), and releases the slot like an MMA warpgroup does.
+    """
+    halves = cta_tile_m // 64
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    zeros = plgpu.layout_cast(jnp.zeros((64,), jnp.float32), row_layout)
+
+    @plgpu.nd_loop((num_tiles,), collective_axes="sm", init_carry=jnp.int32(0))
+    def total_tiles(loop_info, carry):
+        def k_body(ki, partial_sums, first=False):
+            slot = lax.rem(carry + ki, steps)
+            plgpu.barrier_wait(produced.at[slot])
+            new_carry = []
+            for h in range(halves):
+                a = a_smem.at[slot, pl.ds(h * 64, 64)][...].astype(jnp.float32)
+                a = plgpu.layout_cast(a, plgpu.Layout.WGMMA)
+                shift, s1, s2 = partial_sums[h]
+                if stats == RowStatistics.LAYER:
+                    if first:  # the row's first K tile sets its shift
+                        shift = jnp.sum(a, axis=1) * (1.0 / a.shape[1])
+                    a = a - lax.broadcast_in_dim(shift, a.shape, [0])
+                    s1 = s1 + jnp.sum(a, axis=1)
+                s2 = s2 + jnp.sum(a * a, axis=1)
+                new_carry.append((shift, s1, s2))
+            # Order this warpgroup's SMEM reads before the TMA that will refill the slot.
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(consumed.at[slot])
+            return tuple(new_carry)
+
+        sums = k_body(0, ((zeros, zeros, zeros),) * halves, first=True)
+        sums = lax.fori_loop(1, k_iters, k_body, sums)
+        parity = lax.rem(loop_info.local_index, 2)
+
+        # The MMA warpgroups must be done with what this buffer held two tiles ago.
+        @pl.when(loop_info.local_index >= 2)
+        def _():
+            plgpu.barrier_wait(stats_free.at[parity])
+
+        for h, (shift, s1, s2) in enumerate(sums):
+            if stats == RowStatistics.LAYER:
+                mean_shifted = s1 * (1.0 / k)
+                var = jnp.maximum(s2 * (1.0 / k) - mean_shifted * mean_shifted, 0.0)
+                scale = safe_rsqrt(var + eps)
+                stats_smem.at[parity, 1, pl.ds(h * 64, 64)][...] = scale * (shift + mean_shifted)
+            else:
+                scale = safe_rsqrt(s2 * (1.0 / k) + eps)
+            stats_smem.at[parity, 0, pl.ds(h * 64, 64)][...] = scale
+        plgpu.barrier_arrive(stats_ready.at[parity])
+        return carry + k_iters
+
+    # Observe the MMA warpgroups' last releases so no barrier phase is left unobserved.
+    local_tiles = total_tiles // k_iters
+
+    @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
+    def _drain(t):
+        plgpu.barrier_wait(stats_free.at[lax.rem(t, 2)])
+
+
+# TMA moves the row dimension of x and of the outputs in 8-row tiles (the
+# swizzled SMEM layout wgmma needs), so a GMEM row count above 8 must be a
+# multiple of 8; other M are padded (a copy of x and of the outputs, M*K and M*N).
+TMA_ROW_TILE = 8
+
+
+def padded_rows(m: int) -> int:
+    return m if m <= TMA_ROW_TILE else pl.cdiv(m, TMA_ROW_TILE) * TMA_ROW_TILE
+
+
+def run(
+    x: Array,
+    weights: Sequence[Array],
+    vectors: Sequence[Array],
+    *,
+    config: TuningConfig,
+    epilogue: Epilogue,
+    interpret: bool,
+) -> tuple[Array, ...]:
+    """Run the kernel: (x, *weights, *vectors) -> (*outputs[, row_sum, row_sumsq]).
+
+    vectors: float32, in this order, those the epilogue uses: row_scale [M],
+    row_shift [M], col_sums [N_i] for every weight, col_bias [N_i] for every weight.
+    """
+    check_shapes(x, weights, config)
+    m = x.shape[0]
+    m_rows = padded_rows(m)
+    if m_rows != m:
+        x = jnp.pad(x, ((0, m_rows - m), (0, 0)))
+    results = _build(x, weights, config=config, epilogue=epilogue, interpret=interpret)(
+        x, *weights, *vectors
+    )
+    outs = tuple(y[:m] if m_rows != m else y for y in results[: len(weights)])
+    return outs + tuple(results[len(weights):])
+
+
+def _build(
+    x: Array,
+    weights: Sequence[Array],
+    *,
+    config: TuningConfig,
+    epilogue: Epilogue,
+    interpret: bool,
+):
+    m, _ = x.shape
+    n_tiles = _n_tiles(weights, config.cta_tile_n)
+    out_types = [jax.ShapeDtypeStruct((m, w.shape[1]), x.dtype) for w in weights]
+    if epilogue.row_stats_out:
+        parts = sum(n_tiles) * (config.cta_tile_n // config.tile_n)
+        m_pad = pl.cdiv(m, config.cta_tile_m) * config.cta_tile_m
+        out_types += [jax.ShapeDtypeStruct((parts, m_pad), jnp.float32)] * 2
+    tiles = pl.cdiv(m, config.cta_tile_m) * sum(n_tiles)
+    interpret_params = plgpu.InterpretGPUParams(detect_races=True) if interpret else None
+    return plgpu.kernel(
+        functools.partial(
+            _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles
+        ),
+        out_type=tuple(out_types),
+        grid=(min(num_sms(interpret), tiles),),
+        grid_names=("sm",),
+        num_threads=4 if epilogue.stats is not None else 3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params,
+    )

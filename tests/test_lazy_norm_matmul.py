@@ -1,0 +1,225 @@
+"""The lazy pre-norm GEMM under the Mosaic GPU interpreter, with race detection, on a CPU.
+
+Every kernel run here is simulated warpgroup by warpgroup (TMA, mbarriers,
+wgmma) with a vector-clock race detector; uninitialized memory reads as NaN,
+so an output element the kernel fails to write fails the check. Inputs are
+fresh random draws (never zeros). Sizes stay small (K, N <= 256) because the
+interpreter is slow; the same kernels are compile-checked at real sizes in
+test_cuda_lowering_dense.py and run on the H200 by tests/gpu/run_dense_gpu.py.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+from jaxnorm.backends import mosaic_dense
+from jaxnorm.dispatch import Unsupported
+from pallas_kernels import _gemm_core as core
+from pallas_kernels import lazy_norm_matmul as lz
+from pallas_kernels import plain_matmul as pm
+from verify import references as ref
+from verify import tolerances as tol
+from verify.checks import check_op
+
+BF16 = jnp.bfloat16
+
+
+def assert_race_free() -> None:
+    assert interpret_pallas_call.get_races().races_found is False
+
+
+def _rng(request) -> np.random.Generator:
+    """A fresh stream per test, reproducible from the test's id."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _inputs(rng, m, k, ns, dtype=BF16, *, scale=False, offset=0.0, norm_bias=False,
+            bias=(True,), mean_ratio=0.0):
+    x = rng.standard_normal((m, k))
+    if mean_ratio:
+        x = x + mean_ratio * np.where(rng.random((m, 1)) < 0.5, -1.0, 1.0)
+    inputs = dict(
+        x=jnp.asarray(x, dtype),
+        kernel=[jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), dtype) for n in ns],
+        eps=1e-6,
+    )
+    inputs["bias"] = [jnp.asarray(rng.standard_normal(n), jnp.float32) if b else None
+                      for n, b in zip(ns, bias * len(ns))]
+    if scale:
+        centre = 0.0 if offset else 1.0
+        inputs["scale"] = jnp.asarray(centre + 0.2 * rng.standard_normal(k), jnp.float32)
+        inputs["scale_offset"] = offset
+    if norm_bias:
+        inputs["norm_bias"] = jnp.asarray(0.2 * rng.standard_normal(k), jnp.float32)
+    return inputs
+
+
+# Through jaxnorm's ops (impl="interpret" runs the Mosaic backend under the interpreter).
+OP_CASES = {
+    "rms_M1_folded_bias": ("rms_norm_dense", 1, 128, (192,), {}),
+    "rms_M3_two_weights_gemma_gain": (
+        "rms_norm_dense", 3, 128, (128, 64), dict(scale=True, offset=1.0, bias=(True, False))),
+    "rms_M200_gain_weights_scaled": ("rms_norm_dense", 200, 64, (64,), dict(scale=True)),
+    "rms_M130_f16_gain": ("rms_norm_dense", 130, 128, (128,), dict(scale=True,
+                                                                   dtype=jnp.float16)),
+    "ln_M64_folded_prenormalized": ("layer_norm_dense", 64, 128, (256,), {}),
+    "ln_M256_lazy_norm_bias_two_weights": (
+        "layer_norm_dense", 256, 128, (64, 64), dict(norm_bias=True)),
+    "ln_M256_lazy_gain_folded_per_call": (
+        "layer_norm_dense", 256, 128, (64,), dict(scale=True, norm_bias=True)),
+    "ln_M130_gain_three_weights": (
+        "layer_norm_dense", 130, 128, (128, 64, 64), dict(scale=True, norm_bias=True)),
+    "ln_M128_lazy_large_mean": ("layer_norm_dense", 128, 256, (64,), dict(mean_ratio=100.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(OP_CASES))
+def test_op_matches_reference(case, request):
+    op, m, k, ns, kw = OP_CASES[case]
+    dtype = kw.pop("dtype", BF16)
+    inputs = _inputs(_rng(request), m, k, ns, dtype, **kw)
+    assert check_op(op, "interpret", **inputs) <= 1.0
+    assert_race_free()
+
+
+def _judge(outs, inputs, kind: str) -> float:
+    """Worst error/tolerance (verify's error model) of pallas-level outputs."""
+    x = np.asarray(inputs["x"])
+    scale, offset = inputs.get("scale"), inputs.get("scale_offset", 0.0)
+    if kind == "rms":
+        normed = ref.rms_norm(x, scale, eps=inputs["eps"], scale_offset=offset)
+    else:
+        normed = ref.layer_norm(x, scale, inputs.get("norm_bias"), eps=inputs["eps"],
+                                scale_offset=offset)
+    worst = 0.0
+    for y, w, b in zip(outs, inputs["kernel"], inputs["bias"]):
+        w64, b64 = ref.f64(w), None if b is None else ref.f64(b)
+        y64 = normed @ w64 + (0.0 if b64 is None else b64)
+        t = tol.dense_tolerance(normed, w64, y64, x.dtype, x.dtype, bias=b64)
+        worst = max(worst, float(np.max(np.abs(ref.f64(y) - y64) / t)))
+    return worst
+
+
+def _lazy(kind: str, inputs: dict, **kw):
+    common = dict(eps=inputs["eps"], scale=inputs.get("scale"),
+                  scale_offset=inputs.get("scale_offset", 0.0), biases=inputs["bias"],
+                  interpret=True, **kw)
+    if kind == "rms":
+        return lz.lazy_rms_matmul(inputs["x"], inputs["kernel"], **common)
+    return lz.lazy_layer_norm_matmul(inputs["x"], inputs["kernel"],
+                                     norm_bias=inputs.get("norm_bias"), **common)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_statistics_warpgroup(kind, request):
+    """Design (b): the fourth warpgroup's statistics, gain folded per call, two weights."""
+    m, k, ns = 67, 192, (128, 64)
+    inputs = _inputs(_rng(request), m, k, ns, scale=True, norm_bias=kind == "ln",
+                     bias=(True, False))
+    config = lz.default_config(m, k, ns, stats_warpgroup=True)
+    assert config.stats_warpgroup
+    outs = _lazy(kind, inputs, config=config)
+    assert_race_free()
+    assert _judge(outs, inputs, kind) <= 1.0
+
+
+@pytest.mark.parametrize("design", ["a", "b"])
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_row_statistics_of_the_output(kind, design, request):
+    """Per-row partial (sum, sum of squares) of y, summed over column blocks, match y."""
+    m, k, ns = 130, 128, (192, 64)
+    inputs = _inputs(_rng(request), m, k, ns)
+    config = lz.default_config(m, k, ns, stats_warpgroup=design == "b")
+    extra = dict(prenormalize=False) if kind == "ln" else {}
+    outs, stats = _lazy(kind, inputs, config=config, return_row_stats=True, **extra)
+    assert_race_free()
+    assert _judge(outs, inputs, kind) <= 1.0
+    for y, (row_sum, row_sumsq) in zip(outs, stats):
+        y64 = ref.f64(y)
+        assert row_sum.shape[1] == m and row_sumsq.shape[1] == m
+        # The statistics are of the float32 y; y here was rounded to bf16 once.
+        np.testing.assert_allclose(np.sum(row_sum, axis=0), y64.sum(1),
+                                   atol=2**-7 * np.abs(y64).sum(1).max())
+        np.testing.assert_allclose(np.sum(row_sumsq, axis=0), (y64 * y64).sum(1), rtol=2**-6)
+
+
+@pytest.mark.parametrize(
+    "m, config",
+    [
+        (1, None),  # decode, warpgroups split along M (few N tiles)
+        (16, core.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3)),  # decode, along N
+        (100, None),  # rows padded to 104 for TMA
+    ],
+)
+def test_plain_matmul(m, config, request):
+    rng = _rng(request)
+    x = jnp.asarray(rng.standard_normal((m, 128)), BF16)
+    w = jnp.asarray(rng.standard_normal((128, 192)) / np.sqrt(128), BF16)
+    y = pm.plain_matmul(x, w, config=config, interpret=True)
+    assert_race_free()
+    y64 = ref.f64(x) @ ref.f64(w)
+    t = tol.dense_tolerance(ref.f64(x), ref.f64(w), y64, x.dtype, x.dtype)
+    assert y.dtype == BF16 and np.all(np.abs(ref.f64(y) - y64) <= t)
+
+
+def test_layer_norm_paths_agree_with_passed_statistics(request):
+    """Precomputed (s, s mu) and column sums give the same result as computing them."""
+    m, k, ns = 128, 128, (64,)
+    inputs = _inputs(_rng(request), m, k, ns)
+    x, (w,) = inputs["x"], inputs["kernel"]
+    lazy_inputs = dict(eps=1e-6, biases=inputs["bias"], prenormalize=False, interpret=True)
+    (computed,) = lz.lazy_layer_norm_matmul(x, [w], **lazy_inputs)
+    (given,) = lz.lazy_layer_norm_matmul(
+        x, [w], col_sums=[jnp.sum(w.astype(jnp.float32), axis=0)],
+        row_vectors=lz.layer_norm_row_vectors(x, 1e-6), **lazy_inputs)
+    assert_race_free()
+    np.testing.assert_array_equal(np.asarray(computed), np.asarray(given))
+    assert _judge([given], inputs, "ln") <= 1.0
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, dtype, reason",
+    [
+        ((16, 100), (100, 128), BF16, "K=100 must be a multiple of tile_k=64"),
+        ((16, 128), (128, 96), BF16, "N=96 must be a multiple of 64"),
+        ((16, 128), (128, 128), jnp.float32, "float32"),
+        ((0, 128), (128, 128), BF16, "M=0"),
+    ],
+)
+def test_unsupported_shapes_fall_back_with_a_reason(x_shape, w_shape, dtype, reason):
+    x, w = jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype)
+    for call in (
+        lambda: mosaic_dense.rms_norm_dense(x, None, (w,), (None,), eps=1e-6, scale_offset=0.0,
+                                            interpret=True),
+        lambda: mosaic_dense.layer_norm_dense(x, None, None, (w,), (None,), eps=1e-6,
+                                              scale_offset=0.0, interpret=True),
+    ):
+        with pytest.raises(Unsupported, match=reason):
+            call()
+
+
+def test_kernel_dtype_must_match_x():
+    x, w = jnp.ones((8, 128), BF16), jnp.ones((128, 128), jnp.float32)
+    with pytest.raises(Unsupported, match="copy them"):
+        mosaic_dense.rms_norm_dense(x, None, (w,), (None,), eps=1e-6, scale_offset=0.0,
+                                    interpret=True)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 65, 200, 2048, 8191, 65536])
+@pytest.mark.parametrize("ns", [(4096,), (6144,), (14336,), (4096, 1024, 1024)])
+@pytest.mark.parametrize("stats_warpgroup", [False, True])
+def test_default_config_is_valid(m, ns, stats_warpgroup):
+    config = lz.default_config(m, 4096, ns, stats_warpgroup=stats_warpgroup)
+    core.check_shapes(jax.ShapeDtypeStruct((m, 4096), BF16),
+                      [jax.ShapeDtypeStruct((4096, n), BF16) for n in ns], config)
+    assert core.smem_bytes(config, 2) <= core.SMEM_BYTES
+    assert config.stats_warpgroup == stats_warpgroup
+    if m <= 64:
+        assert config.tile_m == 64  # the decode config
+    assert not lz.use_statistics_warpgroup(m, 4096, ns)
