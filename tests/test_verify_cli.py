@@ -17,3 +17,12 @@ def test_report_fails_on_a_wrong_implementation(monkeypatch, capsys):
     code = main(["--examples", "2", "--ops", "layer_norm", "--max-k", "64", "--no-identities"])
     out = capsys.readouterr().out
     assert code == 1 and "FAIL layer_norm" in out
+
+
+def test_report_runs_the_kernels_under_the_interpreter(capsys):
+    """The same properties, impl="interpret": the Mosaic kernel with race detection."""
+    code = main(["--impl", "interpret", "--examples", "2", "--ops", "rms_norm_dense",
+                 "--max-k", "128", "--no-identities"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "rms_norm_dense" in out and "NOT RUN" not in out

@@ -98,13 +98,15 @@ def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
         for dtype in dtypes:
             rows.append(_run_property(
                 Row(op, str(dtype)),
-                strategies.op_inputs(op, dtype, max_k=max_k, multiple=multiple),
+                strategies.op_inputs(op, dtype, max_k=max_k, multiple=multiple,
+                                     weights_like_x=impl != "xla"),
                 lambda inputs, op=op: checks.check_op(op, impl, **inputs), examples,
                 seed_value))
         grad_dtype = np.float32 if impl == "xla" else strategies.DTYPES[1]
         rows.append(_run_property(
             Row(f"grad {op}", str(np.dtype(grad_dtype))),
-            strategies.op_inputs(op, grad_dtype, max_k=min(max_k, 1024), multiple=multiple),
+            strategies.op_inputs(op, grad_dtype, max_k=min(max_k, 1024), multiple=multiple,
+                                 weights_like_x=impl != "xla"),
             lambda inputs, op=op: checks.check_grad(op, impl, **inputs), examples, seed_value))
     return rows
 

@@ -62,11 +62,13 @@ def _dims(multiple: int, upper: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
-              kinds: tuple[str, ...] = VALUE_KINDS, multiple: int = 1) -> dict:
+              kinds: tuple[str, ...] = VALUE_KINDS, multiple: int = 1,
+              weights_like_x: bool = False) -> dict:
     """A full keyword set for `verify.checks.check_op(op, impl, **inputs)`.
 
     `multiple=64` draws K and N as multiples of 64 (the Mosaic kernels' tiles),
-    so a kernel is exercised instead of raising Unsupported.
+    so a kernel is exercised instead of raising Unsupported; `weights_like_x`
+    draws kernels in x's dtype (the kernels do not cast weights per call).
     """
     dtype = draw(dtypes) if dtype is None else np.dtype(dtype)
     rng = np.random.default_rng(draw(seeds))
@@ -91,7 +93,7 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
     if dense or post:
         n_kernels = draw(st.integers(1, 2)) if dense else 1
         max_n = max(64 if k > 1024 else 160, multiple * 2)
-        w_dtype = draw(st.sampled_from([np.dtype(np.float32), dtype]))
+        w_dtype = dtype if weights_like_x else draw(st.sampled_from([np.dtype(np.float32), dtype]))
         ns = [draw(_dims(multiple, max_n) if multiple > 1 else st.integers(1, max_n))
               for _ in range(n_kernels)]
         kernels = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(w_dtype) for n in ns]
