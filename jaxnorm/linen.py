@@ -1,0 +1,134 @@
+"""Flax Linen layers: RMSNorm/LayerNorm fused into the Dense layer they feed.
+
+`RMSNormDense(features)` replaces `nn.RMSNorm()` followed by `nn.Dense(features)`.
+Its parameters sit in two child scopes with the stock names, shapes,
+initializers and dtypes, `norm` ({scale} or {scale, bias}) and `dense`
+({kernel, bias}), as if the stock pair had been created with
+`name="norm"` / `name="dense"`, so stock values load with one mapping:
+
+    params = {"norm": stock["RMSNorm_0"], "dense": stock["Dense_0"]}
+
+(the left names are the stock pair's, here Flax's automatic ones). Dtypes
+follow Linen: the output and the dot use the common type of x and the
+parameters (or `dtype` when given); the gain stays in its parameter dtype and
+statistics are float32. `scale_offset=1.0` is Gemma's (1 + scale) gain.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.linen.dtypes import canonicalize_dtype
+from flax.typing import Dtype, Initializer
+
+from jaxnorm import ops
+
+Array = jax.Array
+
+
+class _NormParams(nn.Module):
+    """A norm's parameters, created as nn.RMSNorm / nn.LayerNorm create them."""
+
+    use_scale: bool
+    use_bias: bool
+    bias_init: Initializer
+    scale_init: Initializer
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, k: int) -> tuple[Array | None, Array | None]:
+        scale = self.param("scale", self.scale_init, (k,), self.param_dtype) if self.use_scale \
+            else None
+        bias = self.param("bias", self.bias_init, (k,), self.param_dtype) if self.use_bias \
+            else None
+        return scale, bias
+
+
+class _DenseParams(nn.Module):
+    """A dense layer's parameters, created as nn.Dense creates them."""
+
+    features: int
+    use_bias: bool
+    kernel_init: Initializer
+    bias_init: Initializer
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, k: int) -> tuple[Array, Array | None]:
+        kernel = self.param("kernel", self.kernel_init, (k, self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) \
+            if self.use_bias else None
+        return kernel, bias
+
+
+class _NormDense(nn.Module):
+    """Shared fields and call of the fused norm + dense layers."""
+
+    kind: ClassVar[str]
+
+    features: int
+    use_bias: bool = True
+    epsilon: float = 1e-6
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    use_scale: bool = True
+    scale_offset: float = 0.0
+    scale_init: Initializer = nn.initializers.ones
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros_init()
+    impl: str | None = None
+
+    def _norm_bias(self) -> tuple[bool, Initializer]:
+        """(use_bias, bias_init) of the norm; only LayerNorm has a bias."""
+        return False, nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        k = jnp.shape(x)[-1]
+        scale, norm_bias = _NormParams(self.use_scale, *self._norm_bias(), self.scale_init,
+                                       self.param_dtype, name="norm")(k)
+        kernel, bias = _DenseParams(self.features, self.use_bias, self.kernel_init,
+                                    self.bias_init, self.param_dtype, name="dense")(k)
+        dtype = canonicalize_dtype(x, scale, norm_bias, kernel, bias, dtype=self.dtype)
+        x, kernel = jnp.asarray(x, dtype), jnp.asarray(kernel, dtype)
+        bias = None if bias is None else jnp.asarray(bias, dtype)
+        common = dict(eps=self.epsilon, scale_offset=self.scale_offset, impl=self.impl)
+        if self.kind == "rms":
+            return ops.rms_norm_dense(x, scale, kernel, bias, **common)
+        return ops.layer_norm_dense(x, scale, norm_bias, kernel, bias, **common)
+
+
+class RMSNormDense(_NormDense):
+    """nn.RMSNorm followed by nn.Dense, fused: the norm is applied lazily in the GEMM.
+
+    Parameters: `norm/scale` [in], `dense/kernel` [in, features], `dense/bias`.
+    `use_scale=False` is the folded form (`jaxnorm.fold`).
+
+    >>> layer = RMSNormDense(128)
+    >>> params = layer.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> y = layer.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "rms"
+
+
+class LayerNormDense(_NormDense):
+    """nn.LayerNorm followed by nn.Dense, fused (DESIGN algebra 2).
+
+    Parameters: `norm/scale`, `norm/bias` [in], `dense/kernel`, `dense/bias`;
+    `use_norm_bias` / `norm_bias_init` are the LayerNorm's `use_bias` / `bias_init`.
+
+    >>> layer = LayerNormDense(128)
+    >>> params = layer.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> y = layer.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "layer"
+    use_norm_bias: bool = True
+    norm_bias_init: Initializer = nn.initializers.zeros_init()
+
+    def _norm_bias(self) -> tuple[bool, Initializer]:
+        return self.use_norm_bias, self.norm_bias_init

@@ -1,0 +1,116 @@
+"""jaxnorm.models: stock and jaxnorm layers are one network; decoding; training entry points."""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxnorm import models
+from verify import tolerances as tol
+from verify.references import f64
+
+PRESETS = [models.llama, models.qwen3, models.gemma]
+
+
+def _tokens(cfg, shape=(3, 17), seed=1):
+    return jax.random.randint(jax.random.key(seed), shape, 0, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.__name__)
+def test_stock_and_jaxnorm_layers_are_one_network(preset):
+    """Same tree and values from the same Rngs; same logits and gradients."""
+    cfg = preset()
+    fused = models.Transformer(cfg.replace(fused=True), rngs=nnx.Rngs(0))
+    stock = models.Transformer(cfg.replace(fused=False), rngs=nnx.Rngs(0))
+    p_fused, p_stock = models.params_of(fused), models.params_of(stock)
+    assert jax.tree.structure(p_fused) == jax.tree.structure(p_stock)
+    for a, b in zip(jax.tree.leaves(p_fused), jax.tree.leaves(p_stock)):
+        np.testing.assert_array_equal(a, b)
+
+    tokens = _tokens(cfg)
+    logits, _ = fused(tokens)
+    logits_stock, _ = stock(tokens)
+    np.testing.assert_allclose(logits, logits_stock, rtol=1e-5, atol=1e-5)
+
+    # Normwise, with each gradient as its own magnitude (stricter than verify's
+    # term-wise magnitude, which a whole model does not expose).
+    longest = max(cfg.d_model, cfg.d_ff, cfg.vocab_size, tokens.size)
+    g_fused = nnx.to_pure_dict(nnx.grad(models.next_token_loss)(fused, tokens))
+    g_stock = nnx.to_pure_dict(nnx.grad(models.next_token_loss)(stock, tokens))
+    for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_stock)):
+        bound = 2 * tol.grad_tolerance(np.abs(f64(b)), np.float32, longest)
+        assert np.linalg.norm(f64(a) - f64(b)) <= bound
+
+
+@pytest.mark.parametrize("preset", [models.llama, models.gemma], ids=["llama", "gemma"])
+def test_kv_cache_decoding_equals_recomputation(preset):
+    model = models.Transformer(preset(), rngs=nnx.Rngs(2))
+    prompt = _tokens(model.cfg, (2, 5))
+    steps = 6
+    tokens = models.greedy_decode(model, prompt, steps)
+    assert tokens.shape == (2, steps) and tokens.dtype == jnp.int32
+    # Causal: one pass over the decoded sequence predicts each token from its prefix.
+    sequence = jnp.concatenate([prompt, tokens], axis=1)
+    logits, _ = model(sequence)
+    predicted = jnp.argmax(logits[:, prompt.shape[1] - 1:-1], axis=-1)
+    np.testing.assert_array_equal(tokens, predicted)
+
+    # Cached logits for a continuation equal the full-sequence logits at those positions.
+    cache = model.init_cache(2, 12)
+    _, cache = model(sequence[:, :5], cache=cache)
+    cached, _ = model(sequence[:, 5:8], start=5, cache=cache)
+    full, _ = model(sequence[:, :8])
+    np.testing.assert_allclose(cached, full[:, 5:8], rtol=1e-5, atol=1e-5)
+
+
+def test_training_curves_match():
+    cfg = models.llama()
+    fused = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    stock = models.load_params(fused, fused=False)
+    optimizers = [nnx.Optimizer(m, optax.adam(3e-3), wrt=nnx.Param) for m in (fused, stock)]
+    losses = []
+    for step in range(15):
+        batch = _tokens(cfg, (8, 17), seed=step)
+        losses.append([float(models.train_step(m, o, batch))
+                       for m, o in zip((fused, stock), optimizers)])
+    losses = np.asarray(losses)
+    assert losses[-1, 0] < losses[0, 0]
+    np.testing.assert_allclose(losses[:, 0], losses[:, 1], rtol=1e-4)
+
+
+def test_tiny_train_step_is_flat_and_jittable():
+    results = {}
+    for variant in ("stock", "jaxnorm"):
+        step, args = models.tiny_train_step(variant, batch=2, seq_len=8)
+        assert all(isinstance(a, jax.Array) for a in args)
+        loss, *params = jax.jit(step)(*args)
+        assert len(params) == len(args) - 1
+        results[variant] = float(loss)
+    assert results["stock"] == pytest.approx(results["jaxnorm"], rel=1e-5)
+    with pytest.raises(ValueError, match="variant"):
+        models.tiny_train_step("other")
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        models.ModelConfig(n_heads=3, n_kv_heads=2)
+    with pytest.raises(ValueError, match="even"):
+        models.ModelConfig(head_dim=7)
+    with pytest.raises(ValueError, match="steps"):
+        models.greedy_decode(models.Transformer(models.llama(), rngs=nnx.Rngs(0)),
+                             jnp.zeros((1, 2), jnp.int32), 0)
+
+
+def test_demo_quick_run(tmp_path):
+    """examples/demo.py --quick: every check it prints passes and the plot is written."""
+    path = Path(__file__).parents[1] / "examples" / "demo.py"
+    spec = importlib.util.spec_from_file_location("demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "loss_curves.png").stat().st_size > 0
