@@ -23,6 +23,7 @@ logger = logging.getLogger("jaxnorm")
 _MOSAIC_MODULES = ("jaxnorm.backends.mosaic_dense", "jaxnorm.backends.mosaic_norms")
 
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
+_DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
 _FALLBACKS: dict[str, str] = {}
 
 
@@ -33,6 +34,20 @@ class Unsupported(NotImplementedError):
 def register(op: str, impl: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         _REGISTRY[(op, impl)] = fn
+        return fn
+
+    return decorate
+
+
+def decline_automatic(op: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
+    """Register a check run only under impl=None: a reason string keeps the kernel out.
+
+    For shapes a kernel serves correctly but was measured slower than xla at;
+    impl="mosaic" still runs it, so it stays tested and benchmarked.
+    """
+
+    def decorate(fn: Callable[..., str | None]) -> Callable[..., str | None]:
+        _DECLINE_AUTO[op] = fn
         return fn
 
     return decorate
@@ -71,7 +86,11 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
         return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
     if hopper_or_newer():
         try:
-            result = _mosaic(op)(*args, interpret=False, **kwargs)
+            kernel = _mosaic(op)
+            declined = _DECLINE_AUTO.get(op, lambda *a, **k: None)(*args, **kwargs)
+            if declined:
+                raise Unsupported(declined)
+            result = kernel(*args, interpret=False, **kwargs)
             _FALLBACKS.pop(op, None)
             return result
         except Unsupported as reason:

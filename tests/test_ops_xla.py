@@ -161,3 +161,17 @@ V8 = np.ones(8, np.float32)
 def test_bad_input_raises_value_error_naming_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_automatic_dispatch_records_why_a_kernel_was_declined(monkeypatch):
+    """impl=None on a Hopper GPU: a declined kernel falls back to xla and says why."""
+    from jaxnorm import dispatch
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    x, w = _rng_rows(4, 64), _rng_rows(64, 128, seed=1)
+    # The post-norm kernel is declined under impl=None (measured slower than XLA) ...
+    assert check_op("dense_rms_norm", None, x=x, kernel=w, bias=None, scale=None) <= 1.0
+    assert "not faster than XLA" in jaxnorm.fallback_reasons()["dense_rms_norm"]
+    # ... and the pre-norm kernel does not serve float32.
+    assert check_op("rms_norm_dense", None, x=x, scale=None, kernel=w) <= 1.0
+    assert "float32" in jaxnorm.fallback_reasons()["rms_norm_dense"]

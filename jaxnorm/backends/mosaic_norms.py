@@ -1,0 +1,196 @@
+"""Mosaic GPU backends of the standalone norms and the post-norm dense ops.
+
+Thin adapters: pick a kernel config from the shape (the heuristics live with
+the kernels in `pallas_kernels`), turn "this shape is not served" into
+`Unsupported` so that dispatch can fall back to xla, and run the kernel
+compiled for the GPU or, with `interpret=True`, under the Pallas GPU
+interpreter with race detection.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm.dispatch import Unsupported, decline_automatic, register
+from pallas_kernels import post_norm_matmul, row_norm
+
+Array = jax.Array
+
+# The interpreter has no SM count; plan as for the H200 so that a shape gets
+# the same kind of config on CPU as on the GPU.
+_INTERPRET_NUM_SMS = 132
+# The interpreter runs each CTA of a cluster as a thread whose work the XLA
+# CPU runtime schedules on a small pool; clusters wider than 2 CTAs were seen
+# to starve it and hang on 2-core machines. Kernels are the same, only the
+# split is narrower.
+_INTERPRET_MAX_CLUSTER = 2
+
+
+def _num_sms(interpret: bool) -> int:
+    if interpret:
+        return _INTERPRET_NUM_SMS
+    return jax.devices()[0].core_count
+
+
+def _row_norm_config(m: int, k: int, dtype: jnp.dtype, interpret: bool) -> row_norm.RowNormConfig:
+    return row_norm.select_config(
+        m,
+        k,
+        dtype,
+        num_sms=_num_sms(interpret),
+        transport="global" if interpret else "dsmem",
+        max_cluster=_INTERPRET_MAX_CLUSTER if interpret else None,
+    )
+
+
+# A row narrower than 4 warps' worth of lanes (e.g. K = 64 to 1000) needs
+# blocks of 4 rows (one warp per row); M is then padded to a multiple of 4.
+# The padded rows are tiny next to any row wide enough to matter.
+_ROW_PAD = 4
+
+
+def _run_row_norm(
+    kind: row_norm.Kind,
+    x: Array,
+    scale: Array | None,
+    bias: Array | None,
+    eps: float,
+    scale_offset: float,
+    interpret: bool,
+) -> Array:
+    m, k = x.shape
+    if m == 0:
+        raise Unsupported("x has no rows")
+    try:
+        config = _row_norm_config(m, k, x.dtype, interpret)
+    except ValueError as reason:
+        padded_m = -(-m // _ROW_PAD) * _ROW_PAD
+        if padded_m == m:
+            raise Unsupported(str(reason)) from None
+        try:
+            config = _row_norm_config(padded_m, k, x.dtype, interpret)
+        except ValueError:
+            raise Unsupported(str(reason)) from None
+        x = jnp.pad(x, ((0, padded_m - m), (0, 0)))
+    y = row_norm.row_norm(
+        x, scale, bias, kind=kind, eps=eps, scale_offset=scale_offset, config=config,
+        interpret=interpret,
+    )
+    return y[:m]
+
+
+@register("rms_norm", "mosaic")
+def rms_norm(
+    x: Array, scale: Array | None, *, eps: float, scale_offset: float, interpret: bool
+) -> Array:
+    return _run_row_norm("rms", x, scale, None, eps, scale_offset, interpret)
+
+
+@register("layer_norm", "mosaic")
+def layer_norm(
+    x: Array,
+    scale: Array | None,
+    bias: Array | None,
+    *,
+    eps: float,
+    scale_offset: float,
+    interpret: bool,
+) -> Array:
+    return _run_row_norm("layer", x, scale, bias, eps, scale_offset, interpret)
+
+
+# Rows are padded to whole 64-row tiles (the wgmma M tile); padded rows are
+# computed and dropped.
+_POST_NORM_ROW_TILE = 64
+
+
+def _post_norm(
+    kind: row_norm.Kind,
+    x: Array,
+    kernel: Array,
+    bias: Array | None,
+    scale: Array | None,
+    norm_bias: Array | None,
+    residual: Array | None,
+    eps: float,
+    interpret: bool,
+) -> tuple[Array, Array]:
+    m, k = x.shape
+    n = kernel.shape[1]
+    if m == 0:
+        raise Unsupported("x has no rows")
+    # The tensor cores take one operand dtype; casting W (or the residual) here
+    # would copy it on every call, so a mismatch is left to xla.
+    for name, a in (("kernel", kernel), ("residual", residual)):
+        if a is not None and a.dtype != x.dtype:
+            raise Unsupported(f"{name} dtype {a.dtype} differs from x dtype {x.dtype}")
+    padded_m = -(-m // _POST_NORM_ROW_TILE) * _POST_NORM_ROW_TILE
+    try:
+        config = post_norm_matmul.select_config(
+            padded_m,
+            k,
+            n,
+            x.dtype,
+            kind=kind,
+            transport="global" if interpret else "dsmem",
+            max_cluster=_INTERPRET_MAX_CLUSTER if interpret else None,
+        )
+    except ValueError as reason:
+        raise Unsupported(str(reason)) from None
+    if padded_m != m:
+        pad = ((0, padded_m - m), (0, 0))
+        x = jnp.pad(x, pad)
+        residual = None if residual is None else jnp.pad(residual, pad)
+    y, h = post_norm_matmul.post_norm_matmul(
+        x, kernel, bias, scale, norm_bias, residual, kind=kind, eps=eps, config=config,
+        interpret=interpret,
+    )
+    return y[:m], h[:m]
+
+
+@register("dense_rms_norm", "mosaic")
+def dense_rms_norm(
+    x: Array,
+    kernel: Array,
+    bias: Array | None,
+    scale: Array | None,
+    residual: Array | None,
+    *,
+    eps: float,
+    interpret: bool,
+) -> tuple[Array, Array]:
+    return _post_norm("rms", x, kernel, bias, scale, None, residual, eps, interpret)
+
+
+@register("dense_layer_norm", "mosaic")
+def dense_layer_norm(
+    x: Array,
+    kernel: Array,
+    bias: Array | None,
+    scale: Array | None,
+    norm_bias: Array | None,
+    residual: Array | None,
+    *,
+    eps: float,
+    interpret: bool,
+) -> tuple[Array, Array]:
+    return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, interpret)
+
+
+# Measured on the H200 (tests/gpu_norms/h200_results.md, CUPTI, bf16): the
+# post-norm GEMM ties XLA's dot + norm at 4096x4096x2048 and is 1.27-1.39x
+# slower at 8192x4096x4096. Until its mainloop is persistent with deeper
+# pipelining, automatic dispatch keeps XLA; impl="mosaic" still runs it.
+_POST_NORM_NOT_FASTER = ("the post-norm Mosaic kernel was not faster than XLA on the H200 at any "
+                         "measured shape (1.00-1.39x XLA's time); impl='mosaic' forces it")
+
+
+@decline_automatic("dense_rms_norm")
+def _decline_dense_rms_norm(*args, **kwargs) -> str:
+    return _POST_NORM_NOT_FASTER
+
+
+@decline_automatic("dense_layer_norm")
+def _decline_dense_layer_norm(*args, **kwargs) -> str:
+    return _POST_NORM_NOT_FASTER

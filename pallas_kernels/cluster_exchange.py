@@ -1,0 +1,206 @@
+"""All-gather of per-row partial statistics among the CTAs of a thread-block cluster.
+
+DESIGN.md algebra 3: when a row is split across CTAs, each CTA (and each
+warpgroup inside it that owns part of the row) reduces its part to a few
+float32 numbers per row, the *partials*. Only those move; every party then
+holds every partial and combines them itself, so no second round trip is
+needed.
+
+Two transports, one interface (`RowStatsExchange.all_gather`):
+
+- "dsmem" (the GPU path): each party *pushes* its partials into slot
+  [party index] of the `gathered` buffer of every CTA of the cluster with
+  remote stores (`plgpu.cluster_ref`), then arrives on every CTA's cluster
+  barrier. Pushing instead of pulling means that once a CTA's own barrier
+  completes nobody touches its shared memory again, so one barrier phase is
+  enough and no CTA can exit while a peer still reads from it.
+- "global" (what the Pallas GPU interpreter runs; it cannot run
+  `plgpu.cluster_ref`): partials go to a global scratch array through TMA,
+  the cluster barrier orders the writes before the reads, and one warpgroup
+  per CTA copies all partials of its cluster back into `gathered`.
+
+Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
+a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
+arrive and after each wait (`gpu_fences=True`); the global transport adds
+`fence.proxy.async.global` so the TMA read sees the other CTAs' TMA writes.
+The interpreter models neither fences nor proxies, so they are emitted only
+when compiling for the GPU. On the H200 both transports gave bitwise identical
+results (tests/gpu_norms/h200_results.md).
+
+DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
+of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
+
+Each CTA may exchange once per kernel launch (one barrier phase); the kernels
+here are non-persistent, one row block per CTA, so that is all they need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+Transport = Literal["dsmem", "global"]
+
+
+class ExchangeScratch(NamedTuple):
+    """Shared-memory refs of one exchange; build with `RowStatsExchange.smem_scratch`."""
+
+    gathered: Any  # [num_partials, num_stats, >= rows] float32: every party's partials
+    barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA)
+    staging: Any  # [parties, num_stats, >= rows] float32 ("global" only, else None)
+    copy_barrier: Any  # TMA completion of the gather ("global" only, else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStatsExchange:
+    """Who exchanges what: `parties` warpgroups in each of `cluster_size` CTAs.
+
+    Attributes:
+      axis: the cluster axis name of the kernel (`cluster_names`).
+      cluster_size: CTAs along `axis`; 1 means a purely local exchange.
+      parties: warpgroups per CTA that each contribute one partial.
+      num_stats: float32 numbers per row in one partial.
+      rows: rows covered by one partial.
+      transport: "dsmem" (GPU) or "global" (interpreter, or GPU fallback).
+      gpu_fences: emit the cluster-scope fences (False under the interpreter).
+    """
+
+    axis: str
+    cluster_size: int
+    parties: int
+    num_stats: int
+    rows: int
+    transport: Transport
+    gpu_fences: bool
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("dsmem", "global"):
+            raise ValueError(f"transport must be 'dsmem' or 'global'; got {self.transport!r}")
+        if self.cluster_size < 1 or self.parties < 1:
+            raise ValueError(f"cluster_size and parties must be >= 1; got {self}")
+
+    @property
+    def num_partials(self) -> int:
+        return self.cluster_size * self.parties
+
+    @property
+    def _padded_rows(self) -> int:
+        # Copies into shared memory move multiples of 128 bytes (one arrival per
+        # thread of the warpgroup) and TMA strides are multiples of 16 bytes: pad
+        # each stat to 32 floats. Rows past `rows` are never written nor read.
+        return -(-self.rows // 32) * 32
+
+    @property
+    def _via_global(self) -> bool:
+        # A one-CTA "cluster" exchanges through its own shared memory either way.
+        return self.transport == "global" and self.cluster_size > 1
+
+    def smem_scratch(self) -> ExchangeScratch:
+        """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
+        stats = (self.num_stats, self._padded_rows)
+        if self.cluster_size > 1:
+            barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
+        else:
+            barrier = plgpu.Barrier(num_arrivals=self.parties)
+        return ExchangeScratch(
+            gathered=plgpu.SMEM((self.num_partials, *stats), jnp.float32),
+            barrier=barrier,
+            staging=plgpu.SMEM((self.parties, *stats), jnp.float32) if self._via_global else None,
+            copy_barrier=plgpu.Barrier() if self._via_global else None,
+        )
+
+    def gmem_scratch(self, num_clusters: int) -> jax.ShapeDtypeStruct | None:
+        """The extra kernel output the "global" transport writes partials to (else None)."""
+        if not self._via_global:
+            return None
+        shape = (num_clusters, self.num_partials, self.num_stats, self._padded_rows)
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def all_gather(
+        self,
+        partials: Sequence[jax.Array],
+        scratch: ExchangeScratch,
+        gmem_scratch: Any,
+        *,
+        party: jax.Array | int,
+        cluster_id: jax.Array | int,
+    ) -> None:
+        """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
+        rows == 1); wait for everyone's.
+
+        Afterwards `scratch.gathered[p, j]` holds stat j of partial p, where
+        p = rank_in_cluster * parties + party, for every p.
+        """
+        if len(partials) != self.num_stats:
+            raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
+        rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
+        slot = rank * self.parties + party
+        if self._via_global:
+            self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
+        else:
+            self._publish_dsmem(partials, scratch, slot)
+        fenced = self.gpu_fences and self.cluster_size > 1
+        if fenced:
+            _fence("fence.acq_rel.cluster;")
+        plgpu.barrier_arrive(scratch.barrier)
+        plgpu.barrier_wait(scratch.barrier)
+        if fenced:
+            _fence("fence.acq_rel.cluster;")
+        if self._via_global:
+            if fenced:
+                _fence("fence.proxy.async.global;")
+            self._gather_global(scratch, gmem_scratch, party, cluster_id)
+
+    def _publish_dsmem(self, partials: Sequence[jax.Array], scratch: ExchangeScratch, slot) -> None:
+        for peer in range(self.cluster_size):
+            target = scratch.gathered
+            if self.cluster_size > 1:
+                target = plgpu.cluster_ref(target, {self.axis: peer})
+            for j, value in enumerate(partials):
+                _store(target, (slot, j), value)
+
+    def _publish_global(self, partials, scratch, gmem_scratch, party, cluster_id, slot) -> None:
+        for j, value in enumerate(partials):
+            _store(scratch.staging, (party, j), value)
+        plgpu.commit_smem()  # generic-proxy stores before the TMA (async proxy) reads them
+        plgpu.copy_smem_to_gmem(scratch.staging.at[party], gmem_scratch.at[cluster_id, slot])
+        plgpu.wait_smem_to_gmem(0)  # the writes themselves, not just the SMEM reads
+
+    def _gather_global(self, scratch, gmem_scratch, party, cluster_id) -> None:
+        # One copy per CTA; every party waits on its completion barrier.
+        def issue():
+            plgpu.copy_gmem_to_smem(
+                gmem_scratch.at[cluster_id],
+                scratch.gathered,
+                scratch.copy_barrier,
+                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS,
+            )
+
+        if self.parties == 1:
+            issue()
+        else:
+            pl.when(party == 0)(issue)
+        plgpu.barrier_wait(scratch.copy_barrier)
+
+
+def _store(ref: Any, index: tuple, value: jax.Array) -> None:
+    """ref[index] = value over the first rows; a scalar (a one-row block's stat) fills element 0."""
+    if value.ndim == 0:
+        ref[(*index, 0)] = value
+    else:
+        ref[(*index, pl.ds(0, value.shape[0]))] = value
+
+
+def _fence(ptx: str) -> None:
+    @plgpu.inline_mgpu()
+    def emit(_ctx):
+        mgpu_utils.inline_ptx(ptx, has_side_effects=True)
+
+    emit()

@@ -1,0 +1,382 @@
+"""Post-norm GEMM: Norm(x @ W + b [+ residual]) with the norm fused into the epilogue (Hopper+).
+
+DESIGN.md algebra 3. A norm over output rows needs whole rows, which are
+wider than one CTA's tile, so a thread-block cluster of `cluster_n` CTAs
+covers whole rows: CTA r of the cluster owns columns [r * 2 tile_n, (r + 1) *
+2 tile_n) of the same tile_m rows, each of its two MMA warpgroups one half.
+After the K-loop every warpgroup adds the bias (and residual), writes the
+pre-norm sum h, reduces its [tile_m, tile_n] part of h to per-row partial
+statistics, and the partials (not the tiles) are all-gathered across the
+cluster (`cluster_exchange`). Each warpgroup then normalizes its own tile in
+registers and writes y. HBM sees x and W once per row block, h and y once.
+
+Partials are those of `row_norm` (float32): RMSNorm a sum of squares;
+LayerNorm (shift, shifted mean, M2) with the warpgroup's own mean as shift,
+Chan-combined, so rows with |mean| >> std keep their digits.
+
+Kernel shape (after jax's `ops/gpu/hopper_matmul_mgpu.py`): one CTA per
+(row block, cluster rank), not persistent, so each CTA exchanges once;
+`plgpu.emit_pipeline_warp_specialized` with two MMA warpgroups and a TMA
+warpgroup for the K-loop. Each MMA warpgroup stages one [tile_m, tile_n]
+tile in shared memory that carries, in turn, the residual in, h out and y out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.cluster_exchange import RowStatsExchange, Transport
+from pallas_kernels.row_norm import Kind, combine_layer, combine_rms, num_stats
+
+_MAX_CLUSTER = 8  # the portable cluster size limit
+_COMPUTE_WGS = 2
+_MAX_SMEM_BYTES = 227 * 1024  # per CTA on Hopper
+_SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# (tile_m, tile_n) per MMA warpgroup in order of preference: 128 x 128 (the
+# 128 x 256 CTA tile of the jax Hopper matmul) reuses W best; 64 x 256 reaches
+# rows of 8 x 512 columns; the rest serve small M or N. Each keeps the float32
+# accumulator at <= 128 registers per thread.
+_TILES = ((128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
+
+
+@dataclasses.dataclass(frozen=True)
+class PostNormConfig:
+    """Tuning knobs. A CTA computes tile_m x (2 tile_n); `cluster_n` CTAs cover a row.
+
+    Attributes:
+      tile_m: rows per CTA (a multiple of 64, the wgmma row tile).
+      tile_n: columns per MMA warpgroup.
+      cluster_n: CTAs per row block; N must equal cluster_n * 2 * tile_n.
+      tile_k: K per pipeline step.
+      max_concurrent_steps: pipeline depth (shared-memory stages).
+      transport: how the row partials move across the cluster ("dsmem" on the GPU).
+    """
+
+    tile_m: int
+    tile_n: int
+    cluster_n: int
+    tile_k: int = 64
+    max_concurrent_steps: int = 2
+    transport: Transport = "dsmem"
+
+    def __post_init__(self) -> None:
+        if self.tile_m % 64:
+            raise ValueError(f"tile_m={self.tile_m} must be a multiple of 64 (the wgmma M tile)")
+        if self.tile_n % 64:
+            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 64 (the swizzle width)")
+        if not 1 <= self.cluster_n <= _MAX_CLUSTER:
+            raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {_MAX_CLUSTER}]")
+        if self.max_concurrent_steps < 2:
+            raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
+
+    @property
+    def cta_n(self) -> int:
+        return _COMPUTE_WGS * self.tile_n
+
+
+def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2) -> int:
+    """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (counted
+    as three float32 ones), exchanged partials, reduction scratch and barriers."""
+    stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
+    staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
+    vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
+    rows = -(-config.tile_m // 32) * 32
+    partial_buffers = config.cluster_n + (config.transport == "global")  # gathered (+ staging)
+    partials = partial_buffers * _COMPUTE_WGS * num_stats(kind) * rows * 4
+    scratch_and_barriers = 2048 + 1024
+    return config.max_concurrent_steps * stage + staging + vectors + partials + scratch_and_barriers
+
+
+def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "layer") -> None:
+    """Raise ValueError naming the dimension that does not divide the tile."""
+    if m % config.tile_m:
+        raise ValueError(f"M={m} must be divisible by tile_m={config.tile_m}")
+    if k % config.tile_k:
+        raise ValueError(f"K={k} must be divisible by tile_k={config.tile_k}")
+    if n != config.cluster_n * config.cta_n:
+        raise ValueError(
+            f"N={n} must equal cluster_n={config.cluster_n} x 2 warpgroups x "
+            f"tile_n={config.tile_n}: a cluster covers whole output rows"
+        )
+    if smem_bytes(config, kind) > _MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs {smem_bytes(config, kind)} bytes of shared memory")
+
+
+def max_n() -> int:
+    """The widest output row one cluster can cover (8 CTAs x 2 warpgroups x 256 columns)."""
+    return _MAX_CLUSTER * _COMPUTE_WGS * 256
+
+
+def select_config(
+    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, transport: Transport = "dsmem",
+    max_cluster: int | None = None,
+) -> PostNormConfig:
+    """Tiles per shape; ValueError (with the reason) where the kernel does not serve it.
+
+    A warpgroup holds tile_m x tile_n float32 accumulators in registers, so
+    tile_m * tile_n <= 128 x 128 or 64 x 256 (128 registers per thread). Rows
+    up to 8 x 256 columns take 128-row tiles; up to 8 x 512 columns, 64-row
+    tiles with twice the width; wider rows need a bigger cluster than Hopper's
+    portable 8.
+    """
+    max_cluster = min(max_cluster or _MAX_CLUSTER, _MAX_CLUSTER)
+    if jnp.dtype(dtype) not in _SUPPORTED_DTYPES:
+        raise ValueError(
+            f"the post-norm kernel takes bfloat16 or float16 operands; got {jnp.dtype(dtype).name}"
+            " (float32 would run the tensor cores in tf32, below the float32 contract)"
+        )
+    if n > max_cluster * _COMPUTE_WGS * 256:
+        raise ValueError(
+            f"N={n} > {max_cluster * _COMPUTE_WGS * 256}: a row must fit one cluster of "
+            f"{max_cluster} CTAs x 2 warpgroups x 256 columns"
+        )
+    for tile_m, tile_n in _TILES:
+        cta_n = _COMPUTE_WGS * tile_n
+        if n % cta_n or n // cta_n > max_cluster or m % tile_m:
+            continue
+        # Deepest pipeline of 64-wide K steps that fits, else of 32-wide ones.
+        for tile_k, stages in ((64, 4), (64, 3), (64, 2), (32, 4), (32, 3)):
+            if k % tile_k:
+                continue
+            config = PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=n // cta_n,
+                                    tile_k=tile_k, max_concurrent_steps=stages,
+                                    transport=transport)
+            if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
+                check_shape(m, k, n, config, kind)
+                return config
+    raise ValueError(
+        f"no tiling serves M={m}, K={k}, N={n}: M must be a multiple of 64, K of 32 and N "
+        f"of 128 with N / (2 tile_n) <= {max_cluster} CTAs"
+    )
+
+
+def _kernel(
+    *refs,
+    kind: Kind,
+    has_bias: bool,
+    has_scale: bool,
+    has_norm_bias: bool,
+    has_residual: bool,
+    eps: float,
+    config: PostNormConfig,
+    exchange: RowStatsExchange,
+    k: int,
+):
+    refs = list(refs)
+    x_gmem, w_gmem = refs.pop(0), refs.pop(0)
+    bias_gmem = refs.pop(0) if has_bias else None
+    scale_gmem = refs.pop(0) if has_scale else None
+    norm_bias_gmem = refs.pop(0) if has_norm_bias else None
+    residual_gmem = refs.pop(0) if has_residual else None
+    y_gmem, h_gmem = refs.pop(0), refs.pop(0)
+    stats_gmem = refs.pop(0) if refs else None
+    assert not refs
+
+    dtype = x_gmem.dtype
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    n_cluster = config.cluster_n
+    swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
+    swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
+    io_swizzle = plgpu.find_swizzle(tile_n * jnp.dtype(dtype).itemsize * 8)
+    io_transforms = (
+        plgpu.TilingTransform((8, io_swizzle // jnp.dtype(dtype).itemsize)),
+        plgpu.SwizzleTransform(io_swizzle),
+    )
+    m_idx = lax.axis_index("m")
+    rank = lax.axis_index("n") if n_cluster > 1 else 0
+    rows = pl.ds(m_idx * tile_m, tile_m)
+    vectors = [(v, g) for v, g in ((bias_gmem, "bias"), (scale_gmem, "scale"),
+                                   (norm_bias_gmem, "norm_bias")) if v is not None]
+
+    def pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(k // tile_k,),
+            memory_registers=40,
+            in_specs=[
+                plgpu.BlockSpec((tile_m, tile_k), lambda kk: (0, kk), transforms=transforms),
+                plgpu.BlockSpec((tile_k, config.cta_n), lambda kk: (kk, 0), transforms=transforms),
+            ],
+            wg_axis="wg",
+            num_compute_wgs=_COMPUTE_WGS,
+            max_concurrent_steps=config.max_concurrent_steps,
+            compute_context=compute_context,
+        )
+
+    ignore = lambda *_, **__: None  # noqa: E731  (allocations do not depend on the bodies)
+
+    @functools.partial(
+        pl.run_scoped,
+        pipeline_allocs=pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
+        io_smem=plgpu.SMEM((_COMPUTE_WGS, tile_m, tile_n), dtype, transforms=io_transforms),
+        vec_smem=[plgpu.SMEM((_COMPUTE_WGS, tile_n), v.dtype) for v, _ in vectors],
+        io_barrier=plgpu.Barrier(num_barriers=_COMPUTE_WGS),
+        vec_barrier=plgpu.Barrier(num_arrivals=max(len(vectors), 1), num_barriers=_COMPUTE_WGS),
+        ex_scratch=exchange.smem_scratch(),
+        collective_axes="wg",
+    )
+    def _scope(pipeline_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratch):
+        def compute_context(eval_pipeline):
+            wg = lax.axis_index("wg")
+            cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
+            io = io_smem.at[wg]
+            # Issue the epilogue's loads first so that they land during the K-loop.
+            for (vec_gmem, _), smem in zip(vectors, vec_smem):
+                plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
+                                        oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+            if has_residual:
+                plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+
+            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+            def _acc_scope(acc_ref):
+                eval_pipeline(acc_ref)
+                _epilogue(acc_ref[...], wg, cols, io)
+
+        def mma(_, a_smem, b_smem, acc_ref):
+            wg = lax.axis_index("wg")
+            plgpu.wgmma(acc_ref, a_smem, b_smem.at[:, pl.ds(wg * tile_n, tile_n)])
+            plgpu.wgmma_wait(0)
+            return acc_ref
+
+        def _epilogue(acc, wg, cols, io):
+            layout = plgpu.Layout.WGMMA
+            col_layout, row_layout = layout.reduce(0), layout.reduce(1)
+
+            def bcast_rows(v):
+                return plgpu.layout_cast(lax.broadcast_in_dim(v, acc.shape, [0]), layout)
+
+            def bcast_cols(v):
+                return plgpu.layout_cast(lax.broadcast_in_dim(v, acc.shape, [1]), layout)
+
+            loaded = {}
+            if vectors:
+                plgpu.barrier_wait(vec_barrier.at[wg])
+                for (_, name), smem in zip(vectors, vec_smem):
+                    loaded[name] = plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
+            h = acc
+            if has_bias:
+                h = h + bcast_cols(loaded["bias"])
+            if has_residual:
+                plgpu.barrier_wait(io_barrier.at[wg])
+                h = h + plgpu.load(io, layout=layout).astype(jnp.float32)
+            # h leaves while the statistics are exchanged.
+            io[...] = h.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(io, h_gmem.at[rows, cols])
+
+            inv_count = 1.0 / tile_n
+            if kind == "rms":
+                partials = [jnp.sum(h * h, axis=1)]
+            else:
+                # Shift by the warpgroup's own mean, then two-pass: exact enough
+                # that Chan's combine of the partials keeps float32 precision.
+                shift = jnp.sum(h, axis=1) * inv_count
+                d = h - bcast_rows(shift)
+                mean_d = jnp.sum(d, axis=1) * inv_count
+                c = d - bcast_rows(mean_d)
+                partials = [shift, mean_d, jnp.sum(c * c, axis=1)]
+            exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx)
+
+            def partial(p: int, j: int) -> jax.Array:
+                return plgpu.load(ex_scratch.gathered.at[p, j, pl.ds(0, tile_m)], layout=row_layout)
+
+            num_partials = exchange.num_partials
+            if kind == "rms":
+                y = h * bcast_rows(combine_rms(partial, num_partials, n_cluster * config.cta_n, eps))
+            else:
+                shift0, mu, inv = combine_layer(partial, num_partials, tile_n, eps)
+                y = ((h - bcast_rows(shift0)) - bcast_rows(mu)) * bcast_rows(inv)
+            if has_scale:
+                y = y * bcast_cols(loaded["scale"])
+            if has_norm_bias:
+                y = y + bcast_cols(loaded["norm_bias"])
+            # The staging tile is reused: h's copy must have finished reading it.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            io[...] = y.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(io, y_gmem.at[rows, cols])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        pipeline(mma, compute_context)(
+            x_gmem.at[rows, :],
+            w_gmem.at[:, pl.ds(rank * config.cta_n, config.cta_n)],
+            allocations=pipeline_allocs,
+        )
+
+
+def post_norm_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    bias: jax.Array | None,
+    scale: jax.Array | None,
+    norm_bias: jax.Array | None,
+    residual: jax.Array | None,
+    *,
+    kind: Kind,
+    eps: float,
+    config: PostNormConfig,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """(Norm(x @ w + bias [+ residual]) * scale [+ norm_bias], the pre-norm sum), both in x.dtype.
+
+    x [M, K] and w [K, N] share a 16-bit dtype; residual is [M, N] in that dtype;
+    bias, scale, norm_bias are [N] vectors of any float dtype (norm_bias only
+    for LayerNorm).
+    """
+    m, k = x.shape
+    k2, n = w.shape
+    if k != k2 or w.dtype != x.dtype:
+        raise ValueError(f"x {x.shape} {x.dtype} and w {w.shape} {w.dtype} must share K and dtype")
+    if residual is not None and (residual.shape != (m, n) or residual.dtype != x.dtype):
+        raise ValueError(f"residual must be {(m, n)} {x.dtype}; got {residual.shape} {residual.dtype}")
+    if kind == "rms" and norm_bias is not None:
+        raise ValueError("RMSNorm takes no norm_bias")
+    check_shape(m, k, n, config, kind)
+    exchange = RowStatsExchange(
+        axis="n",
+        cluster_size=config.cluster_n,
+        parties=_COMPUTE_WGS,
+        num_stats=num_stats(kind),
+        rows=config.tile_m,
+        transport=config.transport,
+        gpu_fences=not interpret,
+    )
+    num_blocks = m // config.tile_m
+    out_type = [jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m, n), x.dtype)]
+    if (stats := exchange.gmem_scratch(num_blocks)) is not None:
+        out_type.append(stats)
+    body = functools.partial(
+        _kernel,
+        kind=kind,
+        has_bias=bias is not None,
+        has_scale=scale is not None,
+        has_norm_bias=norm_bias is not None,
+        has_residual=residual is not None,
+        eps=float(eps),
+        config=config,
+        exchange=exchange,
+        k=k,
+    )
+    call = plgpu.kernel(
+        body,
+        out_type=tuple(out_type),
+        grid=(num_blocks,),
+        grid_names=("m",),
+        cluster=(config.cluster_n,),
+        cluster_names=("n",),
+        num_threads=_COMPUTE_WGS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
+    )
+    args = [a for a in (x, w, bias, scale, norm_bias, residual) if a is not None]
+    y, h, *_ = call(*args)
+    return y, h

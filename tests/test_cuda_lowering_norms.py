@@ -1,0 +1,89 @@
+"""Cross-lowering of the row-norm and post-norm kernels for "cuda" on a machine without a GPU.
+
+`jax.jit(f).trace(*avals).lower(lowering_platforms=("cuda",))` runs the Pallas
+-> Mosaic GPU lowering (layouts, bulk/TMA copies, cluster barriers, DSMEM
+stores, the shared-memory budget) at real sizes; it does not run ptxas, so
+register pressure and the PTX of the inline fences are only checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import post_norm_matmul as pn
+from pallas_kernels import row_norm as rn
+
+S = jax.ShapeDtypeStruct
+BF16 = jnp.bfloat16
+H200_SMS = 132
+
+
+def _lower(fn, *avals) -> str:
+    lowered = jax.jit(fn).trace(*avals).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "mosaic_gpu" in text
+    return text
+
+
+# The issue's sizes, the cluster split at a few widths, and rows that need
+# narrower vectors (K = 1152, 320) or blocks of 4 rows (K = 64).
+NORM_SHAPES = [(8192, 4096), (16, 8192), (4096, 16384), (64, 65536), (3, 12288), (1, 4096),
+               (2, 1152), (16, 320), (4, 64)]
+
+
+@pytest.mark.parametrize("m, k", NORM_SHAPES)
+@pytest.mark.parametrize("dtype", [BF16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_row_norm_lowers(m, k, dtype, kind):
+    config = rn.select_config(m, k, dtype, num_sms=H200_SMS)
+    norm = functools.partial(rn.row_norm, kind=kind, eps=1e-6, scale_offset=0.0, config=config)
+    bias = S((k,), jnp.float32) if kind == "layer" else None
+    _lower(norm, S((m, k), dtype), S((k,), dtype), bias)
+
+
+@pytest.mark.parametrize("transport", ["dsmem", "global"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        rn.RowNormConfig(block_m=1, warps_per_row=4, cluster_k=8, chunk_k=1024),
+        rn.RowNormConfig(block_m=4, cluster_k=2, chunk_k=1024),
+        rn.RowNormConfig(block_m=2, warps_per_row=2, cluster_k=4, chunk_k=1024),
+    ],
+    ids=["1row-cluster8", "4rows-cluster2", "2rows-cluster4"],
+)
+def test_cluster_transports_lower(transport, config):
+    """Both exchanges compile for the GPU; the GPU script runs both and compares them."""
+    config = rn.RowNormConfig(**{**config.__dict__, "transport": transport})
+    norm = functools.partial(rn.row_norm, kind="layer", eps=1e-6, scale_offset=0.0, config=config)
+    _lower(norm, S((256, 8192), BF16), None, None)
+
+
+def test_no_gain_no_bias_lowers():
+    config = rn.select_config(4096, 4096, BF16, num_sms=H200_SMS)
+    norm = functools.partial(rn.row_norm, kind="rms", eps=1e-6, scale_offset=0.0, config=config)
+    _lower(norm, S((4096, 4096), BF16), None, None)
+
+
+# (M, K, N): the issue's sizes, a 64-row-tile width and a single-CTA row.
+POST_NORM_SHAPES = [(8192, 4096, 4096), (4096, 4096, 2048), (2048, 4096, 3072), (256, 1024, 256)]
+
+
+@pytest.mark.parametrize("m, k, n", POST_NORM_SHAPES)
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("transport", ["dsmem", "global"])
+def test_post_norm_matmul_lowers(m, k, n, kind, transport):
+    config = pn.select_config(m, k, n, BF16, kind=kind, transport=transport)
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)
+    vec = S((n,), jnp.float32)
+    norm_bias = vec if kind == "layer" else None
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, norm_bias, S((m, n), BF16))
+
+
+def test_post_norm_without_vectors_or_residual_lowers():
+    config = pn.select_config(4096, 4096, 4096, BF16, kind="rms")
+    fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)
+    _lower(fn, S((4096, 4096), BF16), S((4096, 4096), BF16), None, None, None, None)

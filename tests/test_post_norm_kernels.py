@@ -1,0 +1,134 @@
+"""Post-norm GEMM (Norm(x @ W + b [+ residual])) under the Mosaic GPU interpreter, race-checked.
+
+Each CTA of a cluster computes part of the output row block; only per-row
+statistics cross CTAs (through global scratch here, DSMEM on the GPU). Sizes
+stay small because every warpgroup of every CTA is simulated; the same kernels
+are compile-checked at real sizes in test_cuda_lowering_norms.py and run on the
+H200 by tests/gpu_norms/run_norms_gpu.py. Inputs are fresh random draws.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+import jaxnorm
+from jaxnorm.dispatch import Unsupported
+from pallas_kernels import post_norm_matmul as pn
+from verify import references as ref
+from verify import tolerances as tol
+from verify.checks import check_op
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+
+
+def assert_race_free() -> None:
+    assert interpret_pallas_call.get_races().races_found is False
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _inputs(rng, m, k, n, dtype, *, bias_mean=0.0, residual=True, norm_bias=False):
+    inputs = dict(
+        x=rng.standard_normal((m, k)).astype(dtype),
+        kernel=(rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype),
+        bias=(bias_mean + rng.standard_normal(n)).astype(F32),
+        scale=(1.0 + 0.2 * rng.standard_normal(n)).astype(F32),
+        eps=1e-6,
+    )
+    if residual:
+        inputs["residual"] = rng.standard_normal((m, n)).astype(dtype)
+    if norm_bias:
+        inputs["norm_bias"] = rng.standard_normal(n).astype(F32)
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "m, k, n, dtype",
+    [(50, 128, 256, BF16), (64, 128, 512, BF16), (64, 64, 256, F16)],
+    ids=["rows-padded", "cluster2", "f16"],
+)
+def test_dense_rms_norm_matches_reference(rng, m, k, n, dtype):
+    check_op("dense_rms_norm", "interpret", **_inputs(rng, m, k, n, dtype))
+    assert_race_free()
+
+
+@pytest.mark.parametrize("bias_mean", [0.0, 100.0], ids=["centred", "mean100"])
+def test_dense_layer_norm_matches_reference(rng, bias_mean):
+    """Rows with a large mean: the warpgroups' shifted partials are Chan-combined across CTAs."""
+    inputs = _inputs(rng, 64, 128, 512, BF16, bias_mean=bias_mean, norm_bias=True)
+    check_op("dense_layer_norm", "interpret", **inputs)
+    assert_race_free()
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_narrow_k_steps_without_bias_or_residual(rng, kind):
+    """64 x 64 warpgroup tiles, 32-wide K steps, a 2-CTA cluster; no bias, gain or residual."""
+    m, k, n = 64, 96, 256
+    x = rng.standard_normal((m, k)).astype(BF16)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=3, transport="global")
+    y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w), None, None, None, None, kind=kind,
+                               eps=1e-6, config=config, interpret=True)
+    assert_race_free()
+    h64 = ref.pre_norm_sum(x, w)
+    h_err = tol.dense_tolerance(ref.f64(x), ref.f64(w), h64, BF16, F32)
+    if kind == "rms":
+        y64, inv = ref.rms_normalized(h64, 1e-6), ref.rms_inverse(h64, 1e-6)
+        terms = y64
+    else:
+        mu, inv = ref.mean_and_inverse_std(h64, 1e-6)
+        y64 = (h64 - mu) * inv
+        terms = tol.centred_terms(y64)
+    t_y = tol.post_norm_tolerance(h_err, inv, np.ones(n), terms, y64, BF16)
+    t_h = h_err + tol.unit_roundoff(BF16) * np.abs(h64) + tol.tiny(BF16)
+    for name, got, want, t in (("y", y, y64, t_y), ("h", h, h64, t_h)):
+        err = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - want)
+        assert np.all(err <= t), f"{name}: worst error/tolerance {np.max(err / t):.2f}"
+
+
+# ------------------------------------------------------------------- heuristics
+
+
+def test_select_config_covers_rows_up_to_4096():
+    wide = pn.select_config(8192, 4096, 4096, BF16, kind="layer")
+    assert (wide.tile_m, wide.tile_n, wide.cluster_n) == (64, 256, 8)
+    mid = pn.select_config(4096, 4096, 2048, BF16, kind="rms")
+    assert (mid.tile_m, mid.tile_n, mid.cluster_n) == (128, 128, 8)
+    single = pn.select_config(128, 512, 256, BF16, kind="rms")
+    assert single.cluster_n == 1
+    for config, kind in ((wide, "layer"), (mid, "rms"), (single, "rms")):
+        assert pn.smem_bytes(config, kind) <= 227 * 1024
+    assert pn.max_n() == 4096
+
+
+def test_shape_errors_name_the_dimension():
+    config = pn.PostNormConfig(tile_m=128, tile_n=128, cluster_n=2)
+    with pytest.raises(ValueError, match="M=100 must be divisible by tile_m=128"):
+        pn.check_shape(100, 256, 512, config)
+    with pytest.raises(ValueError, match="N=256 must equal cluster_n=2 x 2 warpgroups x tile_n=128"):
+        pn.check_shape(128, 256, 256, config)
+
+
+def test_wide_rows_and_float32_are_unsupported(rng):
+    x = rng.standard_normal((64, 64)).astype(BF16)
+    too_wide = (rng.standard_normal((64, 8192)) / 8).astype(BF16)
+    with pytest.raises(Unsupported, match="N=8192"):
+        jaxnorm.dense_rms_norm(x, too_wide, None, None, impl="interpret")
+    with pytest.raises(Unsupported, match="float32"):
+        jaxnorm.dense_rms_norm(x.astype(F32), too_wide[:, :256].astype(F32), None, None,
+                               impl="interpret")
+    # impl=None on a CPU uses xla.
+    y = jaxnorm.dense_rms_norm(x, too_wide, None, None)
+    assert y.shape == (64, 8192)

@@ -1,0 +1,167 @@
+"""Standalone RMSNorm / LayerNorm kernels under the Mosaic GPU interpreter, with race detection.
+
+The kernels run on the CPU simulated warpgroup by warpgroup (bulk copies,
+mbarriers, cluster barriers) with a vector-clock race detector. A row split
+across a cluster exchanges its partial statistics through global scratch
+here (the interpreter cannot run DSMEM); the GPU uses DSMEM, compile-checked
+in test_cuda_lowering_norms.py and run by tests/gpu_norms/run_norms_gpu.py.
+Inputs are fresh random draws, never zeros (a zero row appears only where it
+is the point of the test).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+import jaxnorm
+from jaxnorm.dispatch import Unsupported
+from pallas_kernels import row_norm as rn
+from verify import references as ref
+from verify import tolerances as tol
+from verify.checks import check_op
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+
+
+def assert_race_free() -> None:
+    assert interpret_pallas_call.get_races().races_found is False
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A fresh stream per test, reproducible from the test's id."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _rows(rng, m, k, dtype, mean_ratio=0.0):
+    x = rng.standard_normal((m, k))
+    if mean_ratio:
+        x = x + mean_ratio * np.where(rng.random((m, 1)) < 0.5, -1.0, 1.0)
+    return x.astype(dtype)
+
+
+# (M, K, dtype): which path the heuristics take under the interpreter is noted.
+RMS_CASES = [
+    (8, 2048, BF16),  # 1 row per CTA, row split over a 2-CTA cluster
+    (16, 512, BF16),  # 2 rows per CTA, no cluster
+    (5, 1024, F16),  # odd M: 1 row per CTA
+    (2, 3, 1024, F32),  # leading dims, flattened to M=6
+    (3, 320, BF16),  # narrow row: 4-byte vectors, M padded to blocks of 4 rows
+]
+
+
+@pytest.mark.parametrize("case", RMS_CASES, ids=lambda c: "x".join(map(str, c[:-1])))
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_rms_norm_matches_reference(rng, case, with_scale):
+    *shape, dtype = case
+    x = _rows(rng, int(np.prod(shape[:-1])), shape[-1], dtype).reshape(shape)
+    scale = rng.standard_normal(shape[-1]).astype(F32) if with_scale else None
+    check_op("rms_norm", "interpret", x=x, scale=scale, eps=1e-6, scale_offset=0.5)
+    assert_race_free()
+
+
+@pytest.mark.parametrize(
+    "m, k, dtype, mean_ratio",
+    [(8, 2048, BF16, 0.0), (16, 512, F16, 0.0), (4, 2048, F32, 1e4), (6, 1024, F32, 1e4)],
+    ids=["bf16-cluster", "f16-rows", "f32-mean1e4-cluster", "f32-mean1e4"],
+)
+def test_layer_norm_matches_reference(rng, m, k, dtype, mean_ratio):
+    """|mean| >> std rows keep their digits: shifted statistics, Chan-combined across CTAs."""
+    x = _rows(rng, m, k, dtype, mean_ratio)
+    scale = rng.standard_normal(k).astype(F32)
+    bias = rng.standard_normal(k).astype(dtype)
+    check_op("layer_norm", "interpret", x=x, scale=scale, bias=bias, eps=1e-5, scale_offset=0.0)
+    assert_race_free()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        rn.RowNormConfig(block_m=4, cluster_k=2, chunk_k=256, transport="global"),
+        rn.RowNormConfig(block_m=2, warps_per_row=2, cluster_k=2, chunk_k=512, transport="global"),
+        rn.RowNormConfig(block_m=8, chunk_k=256),
+    ],
+    ids=["4rows-warp-per-row-cluster2", "2rows-2warps-cluster2", "8rows-4chunks"],
+)
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_explicit_configs(rng, config, kind):
+    """Layouts and splits the heuristics do not pick at interpreter sizes."""
+    m, k = 8, 1024
+    x = _rows(rng, m, k, BF16, mean_ratio=30.0)
+    scale = rng.standard_normal(k).astype(BF16)
+    bias = rng.standard_normal(k).astype(F32) if kind == "layer" else None
+    y = rn.row_norm(jnp.asarray(x), jnp.asarray(scale), None if bias is None else jnp.asarray(bias),
+                    kind=kind, eps=1e-6, scale_offset=1.0, config=config, interpret=True)
+    assert_race_free()
+    if kind == "rms":
+        expected = ref.rms_norm(x, scale, eps=1e-6, scale_offset=1.0)
+        normed_gain = expected
+    else:
+        expected = ref.layer_norm(x, scale, bias, eps=1e-6, scale_offset=1.0)
+        normed_gain = tol.centred_terms(ref.layer_normalized(x, 1e-6)) * (ref.f64(scale) + 1.0)
+    t = tol.norm_tolerance(normed_gain, expected, BF16, bias=None if bias is None else ref.f64(bias))
+    err = np.abs(np.asarray(y.astype(jnp.float32), np.float64) - expected)
+    assert np.all(err <= t), f"worst error/tolerance {np.max(err / t):.2f}"
+
+
+def test_zero_row_with_zero_eps_gives_zeros(rng):
+    """rsqrt(0) is never formed: a zero row normalizes to zeros, not NaN (as the references)."""
+    x = _rows(rng, 8, 2048, BF16)
+    x[3] = 0
+    check_op("rms_norm", "interpret", x=x, eps=0.0)
+    check_op("layer_norm", "interpret", x=x, eps=0.0)
+    assert_race_free()
+
+
+# ------------------------------------------------------------------- heuristics
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize(
+    "m, k, dtype",
+    [(8192, 4096, BF16), (4096, 16384, BF16), (16, 8192, BF16), (64, 65536, F32),
+     (1, 4096, F16), (3, 12288, F32), (32768, 1024, BF16), (16, 512, BF16), (4096, 4096, F32)],
+)
+def test_select_config_gives_valid_configs(m, k, dtype):
+    config = rn.select_config(m, k, dtype, num_sms=H200_SMS)
+    rn.check_shape(m, k, dtype, config)
+    tile_bytes = config.block_m * k // config.cluster_k * np.dtype(dtype).itemsize
+    assert tile_bytes <= 192 * 1024
+
+
+def test_few_wide_rows_split_across_a_cluster():
+    config = rn.select_config(16, 8192, BF16, num_sms=H200_SMS)
+    assert config.cluster_k == 8 and config.block_m == 1
+    many_rows = rn.select_config(8192, 4096, BF16, num_sms=H200_SMS)
+    assert many_rows.cluster_k == 1 and many_rows.block_m == 2
+    capped = rn.select_config(16, 8192, BF16, num_sms=H200_SMS, max_cluster=2)
+    assert capped.cluster_k == 2
+
+
+def test_shape_errors_name_the_dimension():
+    with pytest.raises(ValueError, match="M=6 must be divisible by block_m=4"):
+        rn.check_shape(6, 1024, BF16, rn.RowNormConfig(block_m=4, chunk_k=256))
+    with pytest.raises(ValueError, match="K / cluster_k = 512 must be divisible by chunk_k=1024"):
+        rn.check_shape(8, 1024, BF16, rn.RowNormConfig(block_m=4, cluster_k=2, chunk_k=1024))
+    with pytest.raises(ValueError, match="block_m=2 must be a multiple of 4"):
+        rn.RowNormConfig(block_m=2)
+
+
+def test_unserved_width_raises_unsupported(rng):
+    x = _rows(rng, 4, 100, BF16)
+    with pytest.raises(Unsupported, match="no split of 4 x 100 rows"):
+        jaxnorm.rms_norm(x, impl="interpret")
+    # Dispatch with impl=None falls back to xla (on a CPU it never tries the kernel).
+    np.testing.assert_allclose(
+        np.asarray(jaxnorm.rms_norm(x), np.float32),
+        np.asarray(jaxnorm.rms_norm(x, impl="xla"), np.float32),
+    )
