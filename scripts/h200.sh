@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
-# One call on the H200 (device tool), from the repo root with jax preinstalled:
-#   bash scripts/h200.sh check   # GPU correctness: verify --impl mosaic, kernel scripts, decode parity, demo
-#   bash scripts/h200.sh bench   # every bench suite
-# Everything lands in $OUT (logs, JSON; bench results as one tarball: the
-# device returns at most 8 files).
+# The H200 session, in named stages (device tool, repo root, jax preinstalled):
+#   bash scripts/h200.sh check gemm-a gemm-b          # first call
+#   bash scripts/h200.sh gemm-c gemm-d others         # second call
+# Each stage has its own time limit; one that overruns is stopped and the rest
+# still run. Logs and bench results go into one tarball in $OUT (the device
+# returns at most 8 files), with a summary of every stage's tail.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-python3 -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__, jax.devices())' | tee -a "$OUT/gpu.txt"
-
-stage() {  # name, seconds, command...: a stage that overruns is stopped, the rest still run
+WORK=/tmp/h200
+mkdir -p "$OUT" "$WORK/bench"
+bench() {  # stage name, seconds, bench arguments...: each stage writes its own folder
   local name=$1 limit=$2; shift 2
-  echo "=== $name (limit ${limit}s) ==="
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "=== $name: rc=$rc in $((SECONDS - start))s ==="
-  tail -n 40 "$OUT/$name.log"
+  stage "$name" "$limit" python3 -m bench --out "$WORK/bench/$name" --repeats 10 "$@"
 }
 
-case "${1:-check}" in
-  check)
-    stage verify_mosaic 200 python3 -m verify --impl mosaic --examples 6 --max-k 2048 --no-identities
-    [ -f tests/gpu/run_dense_gpu.py ] && stage dense_gpu 150 python3 tests/gpu/run_dense_gpu.py
-    [ -f tests/gpu_norms/run_norms_gpu.py ] && stage norms_gpu 120 python3 tests/gpu_norms/run_norms_gpu.py
-    [ -f examples/decode_parity.py ] && stage decode_parity 90 python3 examples/decode_parity.py --steps 256
-    ;;
-  bench)
-    mkdir -p /tmp/bench_out
-    stage bench_norm_gemm 300 python3 -m bench --suite norm-gemm --out /tmp/bench_out
-    stage bench_rest 240 python3 -m bench --suite norms,post-norm,decode-step,train-step --out /tmp/bench_out
-    tar czf "$OUT/bench_results.tgz" -C /tmp/bench_out .
-    ;;
-esac
+stage() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
+  local rc=$?
+  { echo "=== $name: rc=$rc in $((SECONDS - start))s (limit ${limit}s) ==="; tail -n 30 "$WORK/$name.log"; } \
+    | tee -a "$WORK/summary.txt"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__, jax.devices())'
+  date -u; } | tee -a "$WORK/summary.txt"
+
+for name in "$@"; do
+  case "$name" in
+    check)
+      stage verify_mosaic 170 python3 -m verify --impl mosaic --examples 3 --max-k 2048 --no-identities
+      stage decode_parity 80 python3 examples/decode_parity.py --impl mosaic --steps 256
+      stage demo 70 python3 examples/demo.py --steps 60 --out "$WORK/demo" ;;
+    gemm-a) bench gemm_4096x6144 120 --suite norm-gemm --norm rms --kn 4096x6144 ;;
+    gemm-b) bench gemm_4096x28672 130 --suite norm-gemm --norm rms --kn 4096x28672 ;;
+    gemm-c) bench gemm_8192x10240 130 --suite norm-gemm --norm rms --kn 8192x10240 ;;
+    gemm-d) bench gemm_8192x57344 150 --suite norm-gemm --norm rms --kn 8192x57344 ;;
+    others) bench norms_post 110 --suite norms,post-norm --quick
+            bench decode_train 100 --suite decode-step,train-step --quick ;;
+    *) echo "unknown stage $name" ;;
+  esac
+done
+tar czf "$OUT/h200_$(date -u +%H%M%S).tgz" -C "$WORK" .
+cp "$WORK/summary.txt" "$OUT/summary.txt"
