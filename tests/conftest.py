@@ -1,7 +1,10 @@
-"""Hypothesis profiles: `ci` (few examples, what `.ci/run` uses) and `thorough`."""
+"""Hypothesis profiles (`ci`: few examples, what `.ci/run` uses; `thorough`) and shared fixtures."""
 
 import os
+import zlib
 
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -11,3 +14,9 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.register_profile("thorough", max_examples=300, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A fresh stream per test, reproducible from the test's id."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

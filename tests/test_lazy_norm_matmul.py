@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 from jaxnorm.backends import mosaic_dense
 from jaxnorm.dispatch import Unsupported
@@ -26,12 +25,9 @@ from pallas_kernels import plain_matmul as pm
 from verify import references as ref
 from verify import tolerances as tol
 from verify.checks import check_op
+from kernel_checks import assert_race_free
 
 BF16 = jnp.bfloat16
-
-
-def assert_race_free() -> None:
-    assert interpret_pallas_call.get_races().races_found is False
 
 
 def _rng(request) -> np.random.Generator:

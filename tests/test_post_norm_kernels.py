@@ -9,13 +9,11 @@ H200 by tests/gpu_norms/run_norms_gpu.py. Inputs are fresh random draws.
 
 from __future__ import annotations
 
-import zlib
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 import jaxnorm
 from jaxnorm.dispatch import Unsupported
@@ -23,19 +21,11 @@ from pallas_kernels import post_norm_matmul as pn
 from verify import references as ref
 from verify import tolerances as tol
 from verify.checks import check_op
+from kernel_checks import assert_race_free
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-
-
-def assert_race_free() -> None:
-    assert interpret_pallas_call.get_races().races_found is False
-
-
-@pytest.fixture
-def rng(request) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _inputs(rng, m, k, n, dtype, *, bias_mean=0.0, residual=True, norm_bias=False):

@@ -11,13 +11,11 @@ is the point of the test).
 
 from __future__ import annotations
 
-import zlib
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
 
 import jaxnorm
 from jaxnorm.dispatch import Unsupported
@@ -25,20 +23,11 @@ from pallas_kernels import row_norm as rn
 from verify import references as ref
 from verify import tolerances as tol
 from verify.checks import check_op
+from kernel_checks import assert_race_free
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-
-
-def assert_race_free() -> None:
-    assert interpret_pallas_call.get_races().races_found is False
-
-
-@pytest.fixture
-def rng(request) -> np.random.Generator:
-    """A fresh stream per test, reproducible from the test's id."""
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _rows(rng, m, k, dtype, mean_ratio=0.0):
