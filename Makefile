@@ -20,8 +20,9 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# HYPOTHESIS_PROFILE: ci (few examples, the default here), dev, thorough (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -n 2 --dist loadfile
 
 verify: setup
 	$(PY) -m verify --impl xla --examples 25

@@ -91,22 +91,24 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
 
 def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
              max_k: int) -> list[Row]:
-    multiple = 1 if impl == "xla" else 64  # kernels tile K and N by 64
+    kernel_tiles = impl != "xla"
     dtypes = strategies.DTYPES if impl == "xla" else strategies.DTYPES[1:]  # kernels: 16-bit
     rows = []
     for op in ops:
+        # Kernels tile K and N by 64; the post-norm kernel's N by 128 (two 64-wide warpgroups).
+        multiple = (128 if op.startswith("dense_") else 64) if kernel_tiles else 1
         for dtype in dtypes:
             rows.append(_run_property(
                 Row(op, str(dtype)),
                 strategies.op_inputs(op, dtype, max_k=max_k, multiple=multiple,
-                                     weights_like_x=impl != "xla"),
+                                     weights_like_x=kernel_tiles),
                 lambda inputs, op=op: checks.check_op(op, impl, **inputs), examples,
                 seed_value))
         grad_dtype = np.float32 if impl == "xla" else strategies.DTYPES[1]
         rows.append(_run_property(
             Row(f"grad {op}", str(np.dtype(grad_dtype))),
             strategies.op_inputs(op, grad_dtype, max_k=min(max_k, 1024), multiple=multiple,
-                                 weights_like_x=impl != "xla"),
+                                 weights_like_x=kernel_tiles),
             lambda inputs, op=op: checks.check_grad(op, impl, **inputs), examples, seed_value))
     return rows
 
