@@ -67,14 +67,15 @@ def _as_tuple(v) -> tuple:
     return tuple(v) if isinstance(v, (list, tuple)) else (v,)
 
 
-def _dense_judged(name, x, normed, kernel, bias, outputs) -> list[Judged]:
+def _dense_judged(name, x, normed, kernel, bias, outputs, statistics_terms=None) -> list[Judged]:
     kernels, biases = _as_tuple(kernel), _as_tuple(bias) if bias is not None else None
     judged = []
     for i, (w, y) in enumerate(zip(kernels, _as_tuple(outputs))):
         b = None if biases is None else f64(biases[i])
         w64 = f64(w)
         y64 = normed @ w64 + (0.0 if b is None else b)
-        t = tol.dense_tolerance(normed, w64, y64, x.dtype, x.dtype, bias=b)
+        t = tol.dense_tolerance(normed, w64, y64, x.dtype, x.dtype, bias=b,
+                                statistics_terms=statistics_terms)
         judged.append(Judged(f"{name}[{i}]", np.asarray(y), y64, t))
     return judged
 
@@ -128,7 +129,9 @@ def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
         out = jaxnorm.layer_norm_dense(x, scale, nb, kernel, bias, eps=eps,
                                        scale_offset=offset, impl=impl)
         normed = ref.layer_norm(x, scale, nb, eps=eps, scale_offset=offset)
-        return _dense_judged(op, x, normed, kernel, bias, out)
+        centred = tol.centred_terms(ref.layer_normalized(x, eps)) * np.abs(
+            ref.gain(scale, offset, x.shape[-1])) + (0.0 if nb is None else np.abs(f64(nb)))
+        return _dense_judged(op, x, normed, kernel, bias, out, statistics_terms=centred)
     residual = inputs.get("residual")
     if op == "dense_rms_norm":
         y, h = jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=eps,

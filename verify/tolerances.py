@@ -18,8 +18,12 @@ with the float64 reference y64 of the same convention:
   round coherently can exceed it.
 - For a standalone norm each output element is one product, so ||a||_2 is
   |xhat * g| (+ |bias|) and sqrt(K) covers the float32 row statistics.
-  LayerNorm subtracts the mean: the centred value errs relative to the row's
-  spread, not to itself, so its term is (|xhat| + 1) * |g| (`centred_terms`).
+  LayerNorm subtracts the mean: a centred value carries the error of the mean
+  and of whatever shift the implementation subtracted first. Any shift taken
+  from the row lies within the row's largest deviation from the mean, so the
+  term is (|xhat| + max_row |xhat|) * |g| (`centred_terms`), for every
+  implementation. In a LayerNorm + dense the same terms enter the float32
+  part of the dot's budget (`statistics_terms`).
 - u_o * |y64| is the final rounding to the output dtype; tiny_o the smallest
   normal number of o, so exact zeros compare equal.
 - C = 8: a random walk stays inside ~3.5 of its u * ||a||_2 / sqrt(3) standard
@@ -66,8 +70,9 @@ def _budget(operand_dtype, k: int) -> float:
 
 
 def centred_terms(xhat: np.ndarray) -> np.ndarray:
-    """|xhat| + 1: a centred value carries the error of the mean, one standard deviation wide."""
-    return np.abs(xhat) + 1.0
+    """|xhat| + max |xhat| over the row: the mean (and any in-row shift) errs that widely."""
+    magnitude = np.abs(xhat)
+    return magnitude + np.max(magnitude, axis=-1, keepdims=True)
 
 
 def dot_terms_l2(normed: np.ndarray, kernel: np.ndarray) -> np.ndarray:
@@ -76,15 +81,23 @@ def dot_terms_l2(normed: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 def dense_tolerance(normed: np.ndarray, kernel: np.ndarray, y64: np.ndarray,
-                    operand_dtype, out_dtype, bias=None) -> np.ndarray:
-    """Tolerance for y = normed @ kernel (+ bias) rounded to out_dtype."""
+                    operand_dtype, out_dtype, bias=None,
+                    statistics_terms: np.ndarray | None = None) -> np.ndarray:
+    """Tolerance for y = normed @ kernel (+ bias) rounded to out_dtype.
+
+    `statistics_terms` (default: |normed|) sizes the float32 part of the
+    budget, where a LayerNorm's centring error lives.
+    """
     k = normed.shape[-1]
-    terms = dot_terms_l2(normed, kernel)
+    operand_terms = dot_terms_l2(normed, kernel)
+    float32_terms = operand_terms if statistics_terms is None else dot_terms_l2(
+        statistics_terms, kernel)
     if bias is not None:
-        terms = terms + np.abs(bias)
-    return _budget(operand_dtype, k) * terms + unit_roundoff(out_dtype) * np.abs(y64) + tiny(
-        out_dtype
-    )
+        operand_terms = operand_terms + np.abs(bias)
+        float32_terms = float32_terms + np.abs(bias)
+    budget = C * (unit_roundoff(operand_dtype) * operand_terms
+                  + U_F32 * np.sqrt(k) * float32_terms)
+    return budget + unit_roundoff(out_dtype) * np.abs(y64) + tiny(out_dtype)
 
 
 def norm_tolerance(normed_times_gain: np.ndarray, y64: np.ndarray, out_dtype,
