@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jaxnorm import dispatch, statistics
 from jaxnorm.backends.xla import matmul_f32
@@ -60,19 +59,11 @@ def _gain(scale: Array | None, scale_offset: float) -> Array | float:
 # ------------------------------------------------------------ row statistics
 
 
-def _shifted(x32: Array) -> Array:
-    """x minus its row's first element: exact for values near it (Sterbenz), gradient-neutral."""
-    return x32 - lax.stop_gradient(x32[:, :1])
-
-
 def _row_stats(kind: str, x32: Array, eps: float) -> tuple[Array, ...]:
     """What the forward saves per row: (r,) or (mean of the shifted row, s)."""
     if kind == "rms":
         return (statistics.rms_inverse(x32, eps),)
-    d = _shifted(x32)
-    mean_d = jnp.mean(d, axis=-1)
-    var = jnp.mean(jnp.square(d - mean_d[:, None]), axis=-1)
-    return mean_d, statistics.safe_rsqrt(var + eps)
+    return statistics.shifted_mean_and_inverse_std(x32, eps)
 
 
 class _Rows(NamedTuple):
@@ -86,7 +77,7 @@ def _rows(kind: str, x32: Array, stats: tuple[Array, ...]) -> _Rows:
     if kind == "rms":
         return _Rows(x32, stats[0])
     mean_d, inv_std = stats
-    return _Rows(_shifted(x32) - mean_d[:, None], inv_std)
+    return _Rows(statistics.shifted(x32) - mean_d[:, None], inv_std)
 
 
 def _norm_input_grad(kind: str, rows: _Rows, g_star: Array) -> Array:

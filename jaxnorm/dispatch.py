@@ -39,15 +39,16 @@ def register(op: str, impl: str) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
-def decline_automatic(op: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
-    """Register a check run only under impl=None: a reason string keeps the kernel out.
+def decline_automatic(*ops: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
+    """Register a check of `ops` run only under impl=None: a reason string keeps the kernel out.
 
     For shapes a kernel serves correctly but was measured slower than xla at;
     impl="mosaic" still runs it, so it stays tested and benchmarked.
     """
 
     def decorate(fn: Callable[..., str | None]) -> Callable[..., str | None]:
-        _DECLINE_AUTO[op] = fn
+        for op in ops:
+            _DECLINE_AUTO[op] = fn
         return fn
 
     return decorate

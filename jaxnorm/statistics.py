@@ -32,19 +32,24 @@ def rms_inverse(x32: jax.Array, eps: float) -> jax.Array:
     return safe_rsqrt(jnp.mean(jnp.square(x32), axis=-1) + eps)
 
 
+def shifted(x32: jax.Array) -> jax.Array:
+    """x minus its row's first element: exact for values near it (Sterbenz), gradient-neutral."""
+    return x32 - lax.stop_gradient(x32[..., :1])
+
+
+def shifted_mean_and_inverse_std(x32: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+    """(mean of the shifted row, rsqrt(var(x) + eps)) per row: what a backward pass saves.
+
+    `shifted(x) - mean` recovers the centred row without ever forming mean(x),
+    which would round at |mean|'s scale.
+    """
+    d = shifted(x32)
+    mean_d = jnp.mean(d, axis=-1)
+    var = jnp.mean(jnp.square(d - mean_d[..., None]), axis=-1)
+    return mean_d, safe_rsqrt(var + eps)
+
+
 def centered_and_inverse_std(x32: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
     """(x - mean(x), rsqrt(var(x) + eps)) per row, with shifted two-pass statistics."""
-    shift = lax.stop_gradient(x32[..., :1])
-    d = x32 - shift
-    centered = d - jnp.mean(d, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(centered), axis=-1)
-    return centered, safe_rsqrt(var + eps)
-
-
-def mean_and_inverse_std(x32: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
-    """(mean(x), rsqrt(var(x) + eps)) per row, shifted two-pass; for lazy (column-sum) forms."""
-    shift = lax.stop_gradient(x32[..., :1])
-    d = x32 - shift
-    mean_d = jnp.mean(d, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(d - mean_d), axis=-1)
-    return (shift + mean_d)[..., 0], safe_rsqrt(var + eps)
+    mean_d, inv_std = shifted_mean_and_inverse_std(x32, eps)
+    return shifted(x32) - mean_d[..., None], inv_std

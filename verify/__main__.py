@@ -92,7 +92,7 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
 def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
              max_k: int) -> list[Row]:
     kernel_tiles = impl != "xla"
-    dtypes = strategies.DTYPES if impl == "xla" else strategies.DTYPES[1:]  # kernels: 16-bit
+    dtypes = strategies.DTYPES[1:] if kernel_tiles else strategies.DTYPES  # kernels: 16-bit
     rows = []
     for op in ops:
         # Kernels tile K and N by 64; the post-norm kernel's N by 128 (two 64-wide warpgroups).
@@ -104,7 +104,7 @@ def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
                                      weights_like_x=kernel_tiles),
                 lambda inputs, op=op: checks.check_op(op, impl, **inputs), examples,
                 seed_value))
-        grad_dtype = np.float32 if impl == "xla" else strategies.DTYPES[1]
+        grad_dtype = strategies.DTYPES[1] if kernel_tiles else np.float32
         rows.append(_run_property(
             Row(f"grad {op}", str(np.dtype(grad_dtype))),
             strategies.op_inputs(op, grad_dtype, max_k=min(max_k, 1024), multiple=multiple,

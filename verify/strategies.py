@@ -94,7 +94,7 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
         n_kernels = draw(st.integers(1, 2)) if dense else 1
         max_n = max(64 if k > 1024 else 160, multiple * 2)
         w_dtype = dtype if weights_like_x else draw(st.sampled_from([np.dtype(np.float32), dtype]))
-        ns = [draw(_dims(multiple, max_n) if multiple > 1 else st.integers(1, max_n))
+        ns = [draw(st.integers(1, max_n // multiple).map(lambda v: v * multiple))
               for _ in range(n_kernels)]
         kernels = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(w_dtype) for n in ns]
         use_bias = draw(st.booleans())

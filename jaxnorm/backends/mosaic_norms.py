@@ -187,13 +187,8 @@ _POST_NORM_NOT_FASTER = ("the post-norm Mosaic kernel measured 1.6-6.0x XLA's ti
                          "at every benchmarked shape; impl='mosaic' forces it")
 
 
-@decline_automatic("dense_rms_norm")
-def _decline_dense_rms_norm(*args, **kwargs) -> str:
-    return _POST_NORM_NOT_FASTER
-
-
-@decline_automatic("dense_layer_norm")
-def _decline_dense_layer_norm(*args, **kwargs) -> str:
+@decline_automatic("dense_rms_norm", "dense_layer_norm")
+def _decline_post_norm(*args, **kwargs) -> str:
     return _POST_NORM_NOT_FASTER
 
 
@@ -203,18 +198,9 @@ def _decline_dense_layer_norm(*args, **kwargs) -> str:
 _FEW_ROWS = 64
 
 
-def _few_rows(x: Array) -> str | None:
+@decline_automatic("rms_norm", "layer_norm")
+def _decline_few_rows(x: Array, *args, **kwargs) -> str | None:
     if x.shape[0] <= _FEW_ROWS:
         return (f"M={x.shape[0]} rows: the norm kernel measured 1.56-1.85x XLA's time at M=16 "
                 "on the H200; impl='mosaic' forces it")
     return None
-
-
-@decline_automatic("rms_norm")
-def _decline_rms_norm(x, *args, **kwargs) -> str | None:
-    return _few_rows(x)
-
-
-@decline_automatic("layer_norm")
-def _decline_layer_norm(x, *args, **kwargs) -> str | None:
-    return _few_rows(x)
