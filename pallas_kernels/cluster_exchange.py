@@ -30,8 +30,16 @@ results (tests/gpu_norms/h200_results.md).
 DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
 of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
 
-Each CTA may exchange once per kernel launch (one barrier phase); the kernels
-here are non-persistent, one row block per CTA, so that is all they need.
+Persistent kernels exchange once per row block (`repeated=True`). With
+"dsmem" a peer may then push round r+1 into a buffer this CTA still reads for
+round r, so each party, once done reading, arrives on every CTA's `free`
+cluster barrier, and a party waits on its own `free` before pushing the next
+round (`all_gather(..., first_round=...)`) and once more before the CTA exits
+(`finish`): no remote store or arrival can then reach a CTA that has moved on
+or exited. The wait is off the critical path: the arrivals happen right after
+a round's combine, a whole K-loop before the next push. With "global" each row
+block has its own scratch slot, and a CTA's `gathered` is only refilled after
+every local party has arrived for the next round, so nothing more is needed.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class ExchangeScratch(NamedTuple):
     barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA)
     staging: Any  # [parties, num_stats, >= rows] float32 ("global" only, else None)
     copy_barrier: Any  # TMA completion of the gather ("global" only, else None)
+    free: Any  # cluster barrier: every party is done reading (repeated "dsmem" only, else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +79,7 @@ class RowStatsExchange:
       rows: rows covered by one partial.
       transport: "dsmem" (GPU) or "global" (interpreter, or GPU fallback).
       gpu_fences: emit the cluster-scope fences (False under the interpreter).
+      repeated: the kernel exchanges once per row block, several times per CTA.
     """
 
     axis: str
@@ -79,6 +89,7 @@ class RowStatsExchange:
     rows: int
     transport: Transport
     gpu_fences: bool
+    repeated: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in ("dsmem", "global"):
@@ -102,6 +113,10 @@ class RowStatsExchange:
         # A one-CTA "cluster" exchanges through its own shared memory either way.
         return self.transport == "global" and self.cluster_size > 1
 
+    @property
+    def _needs_free(self) -> bool:
+        return self.repeated and self.cluster_size > 1 and not self._via_global
+
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
@@ -114,6 +129,8 @@ class RowStatsExchange:
             barrier=barrier,
             staging=plgpu.SMEM((self.parties, *stats), jnp.float32) if self._via_global else None,
             copy_barrier=plgpu.Barrier() if self._via_global else None,
+            free=(plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
+                  if self._needs_free else None),
         )
 
     def gmem_scratch(self, num_clusters: int) -> jax.ShapeDtypeStruct | None:
@@ -131,12 +148,14 @@ class RowStatsExchange:
         *,
         party: jax.Array | int,
         cluster_id: jax.Array | int,
+        first_round: jax.Array | bool = True,
     ) -> None:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
         rows == 1); wait for everyone's.
 
         Afterwards `scratch.gathered[p, j]` holds stat j of partial p, where
-        p = rank_in_cluster * parties + party, for every p.
+        p = rank_in_cluster * parties + party, for every p. With `repeated`,
+        call `release` once done reading them and `finish` before exiting.
         """
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
@@ -145,6 +164,13 @@ class RowStatsExchange:
         if self._via_global:
             self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
         else:
+            if self._needs_free:
+                # Every peer must be done reading the previous round.
+                if isinstance(first_round, bool):
+                    if not first_round:
+                        self._wait_free(scratch)()
+                else:
+                    pl.when(jnp.logical_not(first_round))(self._wait_free(scratch))
             self._publish_dsmem(partials, scratch, slot)
         fenced = self.gpu_fences and self.cluster_size > 1
         if fenced:
@@ -157,6 +183,27 @@ class RowStatsExchange:
             if fenced:
                 _fence("fence.proxy.async.global;")
             self._gather_global(scratch, gmem_scratch, party, cluster_id)
+
+    def release(self, scratch: ExchangeScratch) -> None:
+        """This party is done reading `gathered` (repeated exchanges only)."""
+        if not self._needs_free:
+            return
+        if self.gpu_fences:
+            _fence("fence.acq_rel.cluster;")
+        plgpu.barrier_arrive(scratch.free)
+
+    def finish(self, scratch: ExchangeScratch, rounds: jax.Array) -> None:
+        """Observe the last round's releases, so no peer arrives on an exited CTA."""
+        if self._needs_free:
+            pl.when(rounds > 0)(self._wait_free(scratch))
+
+    def _wait_free(self, scratch: ExchangeScratch):
+        def wait() -> None:
+            plgpu.barrier_wait(scratch.free)
+            if self.gpu_fences:
+                _fence("fence.acq_rel.cluster;")
+
+        return wait
 
     def _publish_dsmem(self, partials: Sequence[jax.Array], scratch: ExchangeScratch, slot) -> None:
         for peer in range(self.cluster_size):

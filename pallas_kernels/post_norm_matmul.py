@@ -14,11 +14,14 @@ Partials are those of `row_norm` (float32): RMSNorm a sum of squares;
 LayerNorm (shift, shifted mean, M2) with the warpgroup's own mean as shift,
 Chan-combined, so rows with |mean| >> std keep their digits.
 
-Kernel shape (after jax's `ops/gpu/hopper_matmul_mgpu.py`): one CTA per
-(row block, cluster rank), not persistent, so each CTA exchanges once;
-`plgpu.emit_pipeline_warp_specialized` with two MMA warpgroups and a TMA
-warpgroup for the K-loop. Each MMA warpgroup stages one [tile_m, tile_n]
-tile in shared memory that carries, in turn, the residual in, h out and y out.
+Kernel shape (after jax's `ops/gpu/hopper_matmul_mgpu.py`): persistent, the
+grid's `grid_clusters` clusters walking the row blocks (`plgpu.nd_loop`), so
+the TMA warpgroup fetches the next block's first K steps while the MMA
+warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
+with two MMA warpgroups and a TMA warpgroup for the K-loop. All CTAs of a
+cluster read the same rows of x, so on the GPU one TMA multicast feeds them
+all (`multicast`). Each MMA warpgroup stages one [tile_m, tile_n] tile in
+shared memory that carries, in turn, the residual in, h out and y out.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _TILES = ((128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
+def _can_multicast(tile_m: int, cluster_n: int) -> bool:
+    # Each CTA issues one share of the tile's 8-row TMA tiles; all CTAs receive it all.
+    return cluster_n > 1 and (tile_m // 8) % cluster_n == 0
+
+
 @dataclasses.dataclass(frozen=True)
 class PostNormConfig:
     """Tuning knobs. A CTA computes tile_m x (2 tile_n); `cluster_n` CTAs cover a row.
@@ -57,6 +65,11 @@ class PostNormConfig:
       tile_k: K per pipeline step.
       max_concurrent_steps: pipeline depth (shared-memory stages).
       transport: how the row partials move across the cluster ("dsmem" on the GPU).
+      grid_clusters: clusters launched, each walking row blocks (persistent);
+        None launches one cluster per row block.
+      multicast: load x's tile once per cluster with a TMA multicast (GPU only:
+        the interpreter has no cluster-collective barriers).
+      delay_release: wgmma groups left in flight before a pipeline slot is released.
     """
 
     tile_m: int
@@ -65,6 +78,9 @@ class PostNormConfig:
     tile_k: int = 64
     max_concurrent_steps: int = 2
     transport: Transport = "dsmem"
+    grid_clusters: int | None = None
+    multicast: bool = False
+    delay_release: int = 0
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -75,6 +91,16 @@ class PostNormConfig:
             raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {_MAX_CLUSTER}]")
         if self.max_concurrent_steps < 2:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
+        if self.grid_clusters is not None and self.grid_clusters < 1:
+            raise ValueError(f"grid_clusters={self.grid_clusters} must be >= 1 (or None)")
+        if self.delay_release not in (0, 1):
+            raise ValueError(f"delay_release={self.delay_release} must be 0 or 1")
+        if self.multicast and self.transport != "dsmem":
+            raise ValueError("multicast runs only on the GPU (transport='dsmem')")
+        if self.multicast and not _can_multicast(self.tile_m, self.cluster_n):
+            raise ValueError(f"multicast splits x's {self.tile_m} rows into 8-row tiles, one "
+                             f"share per CTA: cluster_n={self.cluster_n} must divide "
+                             f"{self.tile_m // 8}")
 
     @property
     def cta_n(self) -> int:
@@ -90,7 +116,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2) 
     rows = -(-config.tile_m // 32) * 32
     partial_buffers = config.cluster_n + (config.transport == "global")  # gathered (+ staging)
     partials = partial_buffers * _COMPUTE_WGS * num_stats(kind) * rows * 4
-    scratch_and_barriers = 2048 + 1024
+    scratch_and_barriers = 2048 + 1024 + 16 * config.max_concurrent_steps
     return config.max_concurrent_steps * stage + staging + vectors + partials + scratch_and_barriers
 
 
@@ -114,9 +140,13 @@ def max_n() -> int:
     return _MAX_CLUSTER * _COMPUTE_WGS * 256
 
 
+# (tile_k, stages) by bytes in flight, 64-wide K steps first at equal depth.
+_PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
+
+
 def select_config(
     m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, transport: Transport = "dsmem",
-    max_cluster: int | None = None,
+    max_cluster: int | None = None, num_sms: int = 132,
 ) -> PostNormConfig:
     """Tiles per shape; ValueError (with the reason) where the kernel does not serve it.
 
@@ -141,13 +171,17 @@ def select_config(
         cta_n = _COMPUTE_WGS * tile_n
         if n % cta_n or n // cta_n > max_cluster or m % tile_m:
             continue
-        # Deepest pipeline of 64-wide K steps that fits, else of 32-wide ones.
-        for tile_k, stages in ((64, 4), (64, 3), (64, 2), (32, 4), (32, 3)):
-            if k % tile_k:
+        cluster_n = n // cta_n
+        for tile_k, stages in _PIPELINES:
+            stages = min(stages, k // tile_k)  # no more stages than K steps
+            if k % tile_k or stages < 2:
                 continue
-            config = PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=n // cta_n,
+            config = PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=cluster_n,
                                     tile_k=tile_k, max_concurrent_steps=stages,
-                                    transport=transport)
+                                    transport=transport,
+                                    grid_clusters=min(m // tile_m, max(num_sms // cluster_n, 1)),
+                                    multicast=transport == "dsmem"
+                                    and _can_multicast(tile_m, cluster_n))
             if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind)
                 return config
@@ -168,6 +202,7 @@ def _kernel(
     config: PostNormConfig,
     exchange: RowStatsExchange,
     k: int,
+    num_blocks: int,
 ):
     refs = list(refs)
     x_gmem, w_gmem = refs.pop(0), refs.pop(0)
@@ -190,11 +225,12 @@ def _kernel(
         plgpu.TilingTransform((8, io_swizzle // jnp.dtype(dtype).itemsize)),
         plgpu.SwizzleTransform(io_swizzle),
     )
-    m_idx = lax.axis_index("m")
     rank = lax.axis_index("n") if n_cluster > 1 else 0
-    rows = pl.ds(m_idx * tile_m, tile_m)
+    cta_cols = pl.ds(rank * config.cta_n, config.cta_n)
     vectors = [(v, g) for v, g in ((bias_gmem, "bias"), (scale_gmem, "scale"),
                                    (norm_bias_gmem, "norm_bias")) if v is not None]
+    # Every CTA of a cluster reads the same rows of x: one TMA multicast feeds them all.
+    x_collective = ("n",) if config.multicast else ()
 
     def pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
@@ -202,8 +238,11 @@ def _kernel(
             grid=(k // tile_k,),
             memory_registers=40,
             in_specs=[
-                plgpu.BlockSpec((tile_m, tile_k), lambda kk: (0, kk), transforms=transforms),
-                plgpu.BlockSpec((tile_k, config.cta_n), lambda kk: (kk, 0), transforms=transforms),
+                plgpu.BlockSpec((tile_m, tile_k), lambda kk: (0, kk), transforms=transforms,
+                                collective_axes=x_collective,
+                                delay_release=config.delay_release),
+                plgpu.BlockSpec((tile_k, config.cta_n), lambda kk: (kk, 0), transforms=transforms,
+                                delay_release=config.delay_release),
             ],
             wg_axis="wg",
             num_compute_wgs=_COMPUTE_WGS,
@@ -224,29 +263,19 @@ def _kernel(
         collective_axes="wg",
     )
     def _scope(pipeline_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratch):
-        def compute_context(eval_pipeline):
-            wg = lax.axis_index("wg")
+        wg = lax.axis_index("wg")
+        is_compute = wg < _COMPUTE_WGS
+
+        # A CTA's columns are the same for every row block: its epilogue vectors
+        # are loaded once, landing during the first K-loop.
+        @pl.when(is_compute)
+        def _load_vectors():
             cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
-            io = io_smem.at[wg]
-            # Issue the epilogue's loads first so that they land during the K-loop.
             for (vec_gmem, _), smem in zip(vectors, vec_smem):
                 plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
                                         oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-            if has_residual:
-                plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
 
-            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
-            def _acc_scope(acc_ref):
-                eval_pipeline(acc_ref)
-                _epilogue(acc_ref[...], wg, cols, io)
-
-        def mma(_, a_smem, b_smem, acc_ref):
-            wg = lax.axis_index("wg")
-            plgpu.wgmma(acc_ref, a_smem, b_smem.at[:, pl.ds(wg * tile_n, tile_n)])
-            plgpu.wgmma_wait(0)
-            return acc_ref
-
-        def _epilogue(acc, wg, cols, io):
+        def _epilogue(acc, wg, cols, io, m_idx, rows, first):
             layout = plgpu.Layout.WGMMA
             col_layout, row_layout = layout.reduce(0), layout.reduce(1)
 
@@ -258,7 +287,7 @@ def _kernel(
 
             loaded = {}
             if vectors:
-                plgpu.barrier_wait(vec_barrier.at[wg])
+                pl.when(first)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
                 for (_, name), smem in zip(vectors, vec_smem):
                     loaded[name] = plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
             h = acc
@@ -267,6 +296,9 @@ def _kernel(
             if has_residual:
                 plgpu.barrier_wait(io_barrier.at[wg])
                 h = h + plgpu.load(io, layout=layout).astype(jnp.float32)
+            else:
+                # The previous block's y store must be done reading the staging tile.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             # h leaves while the statistics are exchanged.
             io[...] = h.astype(dtype)
             plgpu.commit_smem()
@@ -283,16 +315,20 @@ def _kernel(
                 mean_d = jnp.sum(d, axis=1) * inv_count
                 c = d - bcast_rows(mean_d)
                 partials = [shift, mean_d, jnp.sum(c * c, axis=1)]
-            exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx)
+            exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx,
+                                first_round=first)
 
             def partial(p: int, j: int) -> jax.Array:
                 return plgpu.load(ex_scratch.gathered.at[p, j, pl.ds(0, tile_m)], layout=row_layout)
 
             num_partials = exchange.num_partials
             if kind == "rms":
-                y = h * bcast_rows(combine_rms(partial, num_partials, n_cluster * config.cta_n, eps))
+                row_scale = combine_rms(partial, num_partials, n_cluster * config.cta_n, eps)
+                exchange.release(ex_scratch)
+                y = h * bcast_rows(row_scale)
             else:
                 shift0, mu, inv = combine_layer(partial, num_partials, tile_n, eps)
+                exchange.release(ex_scratch)
                 y = ((h - bcast_rows(shift0)) - bcast_rows(mu)) * bcast_rows(inv)
             if has_scale:
                 y = y * bcast_cols(loaded["scale"])
@@ -303,13 +339,44 @@ def _kernel(
             io[...] = y.astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(io, y_gmem.at[rows, cols])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        pipeline(mma, compute_context)(
-            x_gmem.at[rows, :],
-            w_gmem.at[:, pl.ds(rank * config.cta_n, config.cta_n)],
-            allocations=pipeline_allocs,
-        )
+        # Persistent: the grid's clusters walk the row blocks, each cluster
+        # exchanging once per block.
+        @plgpu.nd_loop((num_blocks,), collective_axes="m", init_carry=jnp.int32(0))
+        def _row_blocks(loop_info, carry):
+            m_idx = loop_info.index[0]
+            first = loop_info.local_index == 0
+            rows = pl.ds(m_idx * tile_m, tile_m)
+
+            def compute_context(eval_pipeline):
+                wg = lax.axis_index("wg")
+                cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
+                io = io_smem.at[wg]
+                if has_residual:
+                    # The previous block's y store must be done reading the staging tile.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)
+                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, first)
+
+            def mma(_, a_smem, b_smem, acc_ref):
+                wg = lax.axis_index("wg")
+                plgpu.wgmma(acc_ref, a_smem, b_smem.at[:, pl.ds(wg * tile_n, tile_n)])
+                plgpu.wgmma_wait(config.delay_release)
+                return acc_ref
+
+            pipeline(mma, compute_context)(
+                x_gmem.at[rows, :], w_gmem.at[:, cta_cols], allocations=pipeline_allocs
+            )
+            return carry + 1
+
+        @pl.when(is_compute)
+        def _finish():
+            exchange.finish(ex_scratch, _row_blocks)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def post_norm_matmul(
@@ -340,6 +407,8 @@ def post_norm_matmul(
     if kind == "rms" and norm_bias is not None:
         raise ValueError("RMSNorm takes no norm_bias")
     check_shape(m, k, n, config, kind)
+    if interpret and config.multicast:
+        raise ValueError("the interpreter cannot run the multicast (cluster-collective barriers)")
     exchange = RowStatsExchange(
         axis="n",
         cluster_size=config.cluster_n,
@@ -348,6 +417,7 @@ def post_norm_matmul(
         rows=config.tile_m,
         transport=config.transport,
         gpu_fences=not interpret,
+        repeated=True,
     )
     num_blocks = m // config.tile_m
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m, n), x.dtype)]
@@ -364,11 +434,12 @@ def post_norm_matmul(
         config=config,
         exchange=exchange,
         k=k,
+        num_blocks=num_blocks,
     )
     call = plgpu.kernel(
         body,
         out_type=tuple(out_type),
-        grid=(num_blocks,),
+        grid=(min(config.grid_clusters or num_blocks, num_blocks),),
         grid_names=("m",),
         cluster=(config.cluster_n,),
         cluster_names=("n",),

@@ -61,18 +61,16 @@ def test_dense_layer_norm_matches_reference(rng, bias_mean):
     assert_race_free()
 
 
-@pytest.mark.parametrize("kind", ["rms", "layer"])
-def test_narrow_k_steps_without_bias_or_residual(rng, kind):
-    """64 x 64 warpgroup tiles, 32-wide K steps, a 2-CTA cluster; no bias, gain or residual."""
-    m, k, n = 64, 96, 256
+def _run_and_check(rng, kind, m, k, n, config, *, residual: bool) -> None:
+    """Run the kernel directly (no bias or gain) and check y and h against float64."""
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
-    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
-                               max_concurrent_steps=3, transport="global")
-    y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w), None, None, None, None, kind=kind,
+    r = rng.standard_normal((m, n)).astype(BF16) if residual else None
+    y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w), None, None, None,
+                               None if r is None else jnp.asarray(r), kind=kind,
                                eps=1e-6, config=config, interpret=True)
     assert_race_free()
-    h64 = ref.pre_norm_sum(x, w)
+    h64 = ref.pre_norm_sum(x, w, residual=r)
     h_err = tol.dense_tolerance(ref.f64(x), ref.f64(w), h64, BF16, F32)
     if kind == "rms":
         y64, inv = ref.rms_normalized(h64, 1e-6), ref.rms_inverse(h64, 1e-6)
@@ -86,6 +84,28 @@ def test_narrow_k_steps_without_bias_or_residual(rng, kind):
     for name, got, want, t in (("y", y, y64, t_y), ("h", h, h64, t_h)):
         err = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - want)
         assert np.all(err <= t), f"{name}: worst error/tolerance {np.max(err / t):.2f}"
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_narrow_k_steps_without_bias_or_residual(rng, kind):
+    """64 x 64 warpgroup tiles, 32-wide K steps, a 2-CTA cluster; no bias, gain or residual."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=3, transport="global")
+    _run_and_check(rng, kind, 64, 96, 256, config, residual=False)
+
+
+@pytest.mark.parametrize(
+    "kind, grid_clusters, residual",
+    [("rms", 2, True), ("layer", 1, True), ("layer", 2, False)],
+    ids=["rms-2-clusters", "layer-1-cluster", "layer-no-residual"],
+)
+def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, residual):
+    """Fewer clusters than row blocks: each cluster exchanges statistics once per block,
+    reusing its staging tile, exchange buffers and pipeline across blocks."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=64,
+                               max_concurrent_steps=2, transport="global",
+                               grid_clusters=grid_clusters)
+    _run_and_check(rng, kind, 192, 128, 256, config, residual=residual)
 
 
 # ------------------------------------------------------------------- heuristics

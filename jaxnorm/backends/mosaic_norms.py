@@ -135,6 +135,7 @@ def _post_norm(
             kind=kind,
             transport="global" if interpret else "dsmem",
             max_cluster=_INTERPRET_MAX_CLUSTER if interpret else None,
+            num_sms=_num_sms(interpret),
         )
     except ValueError as reason:
         raise Unsupported(str(reason)) from None
