@@ -449,7 +449,8 @@ def section_post_sweep(sec: Section) -> None:
             "tile_k 32 x 6": dict(tile_k=32, max_concurrent_steps=6),
             "3 stages": dict(max_concurrent_steps=3),
             "64x256 warpgroup tiles": dict(tile_m=64, tile_n=256, cluster_n=nn // 512,
-                                           grid_clusters=None),
+                                           grid_clusters=132 // max(nn // 512, 1),
+                                           multicast=nn // 512 > 1 and not SMOKE),
         }
         _time_post(sec, f"sweep post rms {m}x{k}x{n} heuristic", mm, kk, nn, "rms", base,
                    False, False)
