@@ -24,8 +24,10 @@ NORM_GEMM_KNS: KNs = (
     (8192, (28672, 28672)),
 )
 NORM_GEMM_KNS_QUICK: KNs = NORM_GEMM_KNS[:2]
-# Post-norm: square and down-projection shapes, and Gemma-2-9B's o_proj and down.
-POST_NORM_KNS: KNs = ((4096, (4096,)), (14336, (4096,)), (4096, (3584,)), (14336, (3584,)))
+# Post-norm: square, a 2048-wide row (Qwen3-1.7B's hidden size) and
+# down-projection shapes, and Gemma-2-9B's o_proj and down.
+POST_NORM_KNS: KNs = ((4096, (4096,)), (4096, (2048,)), (14336, (4096,)), (4096, (3584,)),
+                      (14336, (3584,)))
 NORM_KS = (4096, 8192)
 TRAIN_KNS: KNs = NORM_GEMM_KNS[:2]
 

@@ -19,8 +19,8 @@ grid's `grid_clusters` clusters walking the row blocks (`plgpu.nd_loop`), so
 the TMA warpgroup fetches the next block's first K steps while the MMA
 warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
 with two MMA warpgroups and a TMA warpgroup for the K-loop. All CTAs of a
-cluster read the same rows of x, so on the GPU one TMA multicast feeds them
-all (`multicast`). Each MMA warpgroup stages one [tile_m, tile_n] tile in
+cluster read the same rows of x, so on the GPU one TMA multicast can feed them
+all (`multicast`; off by default, as it measured no faster). Each MMA warpgroup stages one [tile_m, tile_n] tile in
 shared memory that carries, in turn, the residual in, h out and y out.
 """
 
@@ -140,11 +140,15 @@ def max_n() -> int:
     return _MAX_CLUSTER * _COMPUTE_WGS * 256
 
 
-# Clusters of each size that the H200 (132 SMs) holds at once, measured: a
-# cluster must fit in one GPC, so 16 clusters of 8 do not all fit and the 16th
-# runs after the others (8192x4096x2048: 357 us at 16 clusters, 228 us at 15).
+# Clusters of each size that the H200 (132 SMs) holds at once: a cluster must
+# fit in one GPC, so 16 clusters of 8 do not all fit and the 16th runs after
+# the others. Measured with a grid of that many clusters (K=4096, bf16):
+# size 8: 16 -> 357 us, 15 -> 228 us (8192x2048); size 4: 33 and 32 -> 182
+# us, 30 -> 138 us (8192x1024); size 2: 66 -> 52 us, 60 -> 93 us (8192x512).
+# Sizes 3, 5, 6 and 7 are derived from a GPC layout that gives those three
+# counts (six GPCs of 18 SMs, one of 16, one of 8), not measured.
 _H200_SMS = 132
-_H200_RESIDENT_CLUSTERS = {1: 132, 2: 66, 3: 44, 4: 32, 5: 24, 6: 20, 7: 16, 8: 15}
+_H200_RESIDENT_CLUSTERS = {1: 132, 2: 66, 3: 43, 4: 30, 5: 22, 6: 21, 7: 15, 8: 15}
 
 
 def resident_clusters(cluster_n: int, num_sms: int) -> int:
@@ -197,8 +201,11 @@ def select_config(
                                     transport=transport,
                                     grid_clusters=min(m // tile_m,
                                                       resident_clusters(cluster_n, num_sms)),
-                                    multicast=transport == "dsmem"
-                                    and _can_multicast(tile_m, cluster_n))
+                                    # Measured no faster with 128-row tiles
+                                    # (230 vs 231 us, 8192x4096x2048) and
+                                    # slower with 64-row ones (670 vs 572 us,
+                                    # 8192x4096x4096): off by default.
+                                    multicast=False)
             if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind)
                 return config

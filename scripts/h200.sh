@@ -2,6 +2,7 @@
 # The H200 session, in named stages (device tool, repo root, jax preinstalled):
 #   bash scripts/h200.sh check gemm-a gemm-b          # first call
 #   bash scripts/h200.sh gemm-c gemm-d others         # second call
+#   bash scripts/h200.sh post-norm                    # the post-norm kernel alone
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -38,6 +39,12 @@ for name in "$@"; do
     gemm-b) bench gemm_4096x28672 130 --suite norm-gemm --norm rms --kn 4096x28672 ;;
     gemm-c) bench gemm_8192x10240 130 --suite norm-gemm --norm rms --kn 8192x10240 ;;
     gemm-d) bench gemm_8192x57344 150 --suite norm-gemm --norm rms --kn 8192x57344 ;;
+    post-norm)  # issue 6: kernel checks and timings, verify, the bench suite
+      stage norms_gpu 330 env ONLY=rows,post,post_time OUT="$WORK" \
+        python3 tests/gpu_norms/run_norms_gpu.py
+      stage verify_post 120 python3 -m verify --impl mosaic --examples 3 --max-k 2048 \
+        --no-identities --ops dense_rms_norm dense_layer_norm
+      bench post_norm 110 --suite post-norm --quick ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;

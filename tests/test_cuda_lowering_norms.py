@@ -83,6 +83,17 @@ def test_post_norm_matmul_lowers(m, k, n, kind, transport):
     _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, norm_bias, S((m, n), BF16))
 
 
+def test_post_norm_multicast_lowers():
+    """The x multicast (off by default) stays compilable."""
+    import dataclasses
+
+    config = dataclasses.replace(pn.select_config(4096, 4096, 2048, BF16, kind="layer"),
+                                 multicast=True)
+    fn = functools.partial(pn.post_norm_matmul, kind="layer", eps=1e-6, config=config)
+    vec = S((2048,), jnp.float32)
+    _lower(fn, S((4096, 4096), BF16), S((4096, 2048), BF16), vec, vec, vec, S((4096, 2048), BF16))
+
+
 def test_post_norm_without_vectors_or_residual_lowers():
     config = pn.select_config(4096, 4096, 4096, BF16, kind="rms")
     fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)

@@ -142,3 +142,24 @@ def test_wide_rows_and_float32_are_unsupported(rng):
     # impl=None on a CPU uses xla.
     y = jaxnorm.dense_rms_norm(x, too_wide, None, None)
     assert y.shape == (64, 8192)
+
+
+def test_automatic_dispatch_takes_the_kernel_only_where_it_measured_faster():
+    from jaxnorm.backends import mosaic_norms
+
+    x_big = np.zeros((8192, 64), BF16)
+    assert mosaic_norms._decline_post_rms_norm(x_big, np.zeros((64, 2048), BF16)) is None
+    assert mosaic_norms._decline_post_rms_norm(x_big, np.zeros((64, 512), BF16)) is None
+    assert "N=4096" in mosaic_norms._decline_post_rms_norm(x_big, np.zeros((64, 4096), BF16))
+    assert "M=1024" in mosaic_norms._decline_post_rms_norm(x_big[:1024], np.zeros((64, 2048), BF16))
+    assert "forces" in mosaic_norms._decline_post_layer_norm(x_big, np.zeros((64, 2048), BF16))
+
+
+def test_persistent_grid_stays_within_the_clusters_that_run_at_once():
+    """A grid of more clusters than the GPU holds at once serializes (measured on the H200)."""
+    for m, n, cluster in ((8192, 2048, 8), (8192, 1024, 4), (8192, 512, 2)):
+        config = pn.select_config(m, 4096, n, BF16, kind="rms", num_sms=132)
+        assert config.cluster_n == cluster
+        assert config.grid_clusters == min(m // config.tile_m, pn.resident_clusters(cluster, 132))
+    assert pn.resident_clusters(8, 132) == 15
+    assert pn.resident_clusters(8, 114) == 12  # elsewhere 7/8 of the SMs' worth
