@@ -179,34 +179,23 @@ def dense_layer_norm(
     return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, interpret)
 
 
-# Measured on the H200 (tests/gpu_norms/h200_results.md, CUPTI, bf16, K=4096):
-# the persistent post-norm kernel took less time than XLA's dot + RMSNorm at
-# M x N = 8192 x 512 (0.78x), 8192 x 2048 (0.93x; 0.98x with a residual) and
-# 4096 x 2048 (0.98x), and 1.12-1.69x XLA's time at N = 1024 and 4096 and for
-# LayerNorm (its clusters of 4 and 8 CTAs leave 12 of the 132 SMs idle, and
-# rows of 4096 need 64-row tiles). Automatic dispatch takes it only where it
-# measured faster; impl="mosaic" forces it anywhere it serves.
-_POST_NORM_FASTER_N = (512, 2048)
-_POST_NORM_FASTER_MIN_M = 4096
+# Measured on the H200 (bench/results/h200-2026-11-29/post_norm_persistent,
+# CUPTI, bf16, K=4096): against this package's xla path, which also returns
+# the pre-norm sum, the persistent post-norm kernel took 0.80x the time at
+# M x N = 8192 x 512, 0.93-0.97x at N = 2048 and 1.14-1.46x elsewhere; against
+# the stock `rms_norm(x @ w + b)` in bfloat16 (no pre-norm sum to write) it
+# was slower at every benchmarked shape (1.20x at 8192 x 2048). Its clusters
+# of 4 and 8 CTAs leave 12 of the 132 SMs idle and rows of 4096 need 64-row
+# tiles. Automatic dispatch keeps XLA; impl="mosaic" forces the kernel.
+_POST_NORM_NOT_FASTER = (
+    "the post-norm Mosaic kernel measured slower than a bfloat16 XLA dot + norm at every "
+    "benchmarked shape on the H200 (its cluster-wide rows idle 12 of 132 SMs); "
+    "impl='mosaic' forces it")
 
 
-def _post_norm_not_faster(m: int, n: int) -> str:
-    return (f"post-norm kernel at M={m}, N={n}: measured faster than XLA on the H200 only for "
-            f"RMSNorm with M >= {_POST_NORM_FASTER_MIN_M} and N in {_POST_NORM_FASTER_N}; "
-            "impl='mosaic' forces it")
-
-
-@decline_automatic("dense_rms_norm")
-def _decline_post_rms_norm(x: Array, kernel: Array, *args, **kwargs) -> str | None:
-    m, n = x.shape[0], kernel.shape[1]
-    if m >= _POST_NORM_FASTER_MIN_M and n in _POST_NORM_FASTER_N:
-        return None
-    return _post_norm_not_faster(m, n)
-
-
-@decline_automatic("dense_layer_norm")
-def _decline_post_layer_norm(x: Array, kernel: Array, *args, **kwargs) -> str:
-    return _post_norm_not_faster(x.shape[0], kernel.shape[1])
+@decline_automatic("dense_rms_norm", "dense_layer_norm")
+def _decline_post_norm(*args, **kwargs) -> str:
+    return _POST_NORM_NOT_FASTER
 
 
 # Standalone norms: faster than XLA at M >= 2048 (1.04-1.26x less time), but
