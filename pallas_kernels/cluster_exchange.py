@@ -19,6 +19,17 @@ Two transports, one interface (`RowStatsExchange.all_gather`):
   the cluster barrier orders the writes before the reads, and one warpgroup
   per CTA copies all partials of its cluster back into `gathered`.
 
+- "semaphore" (GPU only: the interpreter cannot allocate global semaphores):
+  the CTAs sharing a row block are a *group* of a persistent grid, not a
+  cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
+  at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
+  scratch as with "global"; instead of a cluster barrier each party increments
+  a global semaphore of every party of its group (`semaphore_signal_parallel`)
+  and waits on its own. Semaphores alternate by round parity, so a fast peer's
+  next-round signal is never counted for this round. Every CTA of the grid
+  must be resident at once (a waiting CTA holds its SM): the kernels launch at
+  most one CTA per SM.
+
 Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
 arrive and after each wait (`gpu_fences=True`); the global transport adds
@@ -54,7 +65,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-Transport = Literal["dsmem", "global"]
+Transport = Literal["dsmem", "global", "semaphore"]
 
 
 class ExchangeScratch(NamedTuple):
@@ -92,8 +103,9 @@ class RowStatsExchange:
     repeated: bool = False
 
     def __post_init__(self) -> None:
-        if self.transport not in ("dsmem", "global"):
-            raise ValueError(f"transport must be 'dsmem' or 'global'; got {self.transport!r}")
+        if self.transport not in ("dsmem", "global", "semaphore"):
+            raise ValueError(
+                f"transport must be 'dsmem', 'global' or 'semaphore'; got {self.transport!r}")
         if self.cluster_size < 1 or self.parties < 1:
             raise ValueError(f"cluster_size and parties must be >= 1; got {self}")
 
@@ -111,7 +123,11 @@ class RowStatsExchange:
     @property
     def _via_global(self) -> bool:
         # A one-CTA "cluster" exchanges through its own shared memory either way.
-        return self.transport == "global" and self.cluster_size > 1
+        return self.transport in ("global", "semaphore") and self.cluster_size > 1
+
+    @property
+    def _via_semaphores(self) -> bool:
+        return self.transport == "semaphore" and self.cluster_size > 1
 
     @property
     def _needs_free(self) -> bool:
@@ -120,7 +136,9 @@ class RowStatsExchange:
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
-        if self.cluster_size > 1:
+        if self._via_semaphores:
+            barrier = None
+        elif self.cluster_size > 1:
             barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
         else:
             barrier = plgpu.Barrier(num_arrivals=self.parties)
@@ -140,6 +158,18 @@ class RowStatsExchange:
         shape = (num_clusters, self.num_partials, self.num_stats, self._padded_rows)
         return jax.ShapeDtypeStruct(shape, jnp.float32)
 
+    def semaphores(self, num_groups: int) -> Any:
+        """The "semaphore" transport's global semaphores (call inside the kernel), else None:
+        one per group, rank, party and round parity, all back at zero when the kernel ends."""
+        if not self._via_semaphores:
+            return None
+        count = num_groups * self.cluster_size * self.parties * 2
+        return pl.get_global(plgpu.SemaphoreType.REGULAR((count,)))
+
+    def _semaphore(self, semaphores: Any, group, rank, party, parity) -> Any:
+        index = ((group * self.cluster_size + rank) * self.parties + party) * 2 + parity
+        return semaphores.at[index]
+
     def all_gather(
         self,
         partials: Sequence[jax.Array],
@@ -149,6 +179,9 @@ class RowStatsExchange:
         party: jax.Array | int,
         cluster_id: jax.Array | int,
         first_round: jax.Array | bool = True,
+        semaphores: Any = None,
+        group: jax.Array | int = 0,
+        parity: jax.Array | int = 0,
     ) -> None:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
         rows == 1); wait for everyone's.
@@ -156,11 +189,19 @@ class RowStatsExchange:
         Afterwards `scratch.gathered[p, j]` holds stat j of partial p, where
         p = rank_in_cluster * parties + party, for every p. With `repeated`,
         call `release` once done reading them and `finish` before exiting.
+        The "semaphore" transport also takes `semaphores`, this CTA's `group`
+        (its grid index along the axis the groups are laid out on) and the
+        round's `parity`.
         """
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
+        if self._via_semaphores:
+            self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
+            self._signal_and_wait(semaphores, group, rank, party, parity)
+            self._gather_global(scratch, gmem_scratch, party, cluster_id)
+            return
         if self._via_global:
             self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
         else:
@@ -183,6 +224,23 @@ class RowStatsExchange:
             if fenced:
                 _fence("fence.proxy.async.global;")
             self._gather_global(scratch, gmem_scratch, party, cluster_id)
+
+    def _signal_and_wait(self, semaphores, group, rank, party, parity) -> None:
+        # The TMA writes of the partials are complete (`_publish_global`); make
+        # them visible at GPU scope before the relaxed semaphore increments.
+        if self.gpu_fences:
+            _fence("fence.proxy.async.global;")
+            _fence("fence.acq_rel.gpu;")
+        plgpu.semaphore_signal_parallel(*[
+            plgpu.SemaphoreSignal(self._semaphore(semaphores, group, member, q, parity),
+                                  device_id=None, inc=1)
+            for member in range(self.cluster_size) for q in range(self.parties)
+        ])
+        plgpu.semaphore_wait(self._semaphore(semaphores, group, rank, party, parity),
+                             self.num_partials, memory_scope="gpu")
+        if self.gpu_fences:
+            _fence("fence.acq_rel.gpu;")
+            _fence("fence.proxy.async.global;")  # the gather below is a TMA read
 
     def release(self, scratch: ExchangeScratch) -> None:
         """This party is done reading `gathered` (repeated exchanges only)."""

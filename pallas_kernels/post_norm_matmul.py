@@ -35,10 +35,13 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import _gemm_core
 from pallas_kernels.cluster_exchange import RowStatsExchange, Transport
 from pallas_kernels.row_norm import Kind, combine_layer, combine_rms, num_stats
 
 _MAX_CLUSTER = 8  # the portable cluster size limit
+# CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
+_MAX_GROUP = 16
 _COMPUTE_WGS = 2
 _MAX_SMEM_BYTES = 227 * 1024  # per CTA on Hopper
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -47,6 +50,11 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # rows of 8 x 512 columns; the rest serve small M or N. Each keeps the float32
 # accumulator at <= 128 registers per thread.
 _TILES = ((128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
+
+
+def _max_split(transport: Transport) -> int:
+    """CTAs that may share a row: a cluster's, or a grid group's (semaphore transport)."""
+    return _MAX_GROUP if transport == "semaphore" else _MAX_CLUSTER
 
 
 def _can_multicast(tile_m: int, cluster_n: int) -> bool:
@@ -87,8 +95,10 @@ class PostNormConfig:
             raise ValueError(f"tile_m={self.tile_m} must be a multiple of 64 (the wgmma M tile)")
         if self.tile_n % 64:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 64 (the swizzle width)")
-        if not 1 <= self.cluster_n <= _MAX_CLUSTER:
-            raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {_MAX_CLUSTER}]")
+        limit = _max_split(self.transport)
+        if not 1 <= self.cluster_n <= limit:
+            raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {limit}] for "
+                             f"transport={self.transport!r}")
         if self.max_concurrent_steps < 2:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
         if self.grid_clusters is not None and self.grid_clusters < 1:
@@ -114,7 +124,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2) 
     staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
     rows = -(-config.tile_m // 32) * 32
-    partial_buffers = config.cluster_n + (config.transport == "global")  # gathered (+ staging)
+    partial_buffers = config.cluster_n + (config.transport != "dsmem")  # gathered (+ staging)
     partials = partial_buffers * _COMPUTE_WGS * num_stats(kind) * rows * 4
     scratch_and_barriers = 2048 + 1024 + 16 * config.max_concurrent_steps
     return config.max_concurrent_steps * stage + staging + vectors + partials + scratch_and_barriers
@@ -138,6 +148,11 @@ def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "la
 def max_n() -> int:
     """The widest output row one cluster can cover (8 CTAs x 2 warpgroups x 256 columns)."""
     return _MAX_CLUSTER * _COMPUTE_WGS * 256
+
+
+def grid_size(config: PostNormConfig, num_blocks: int) -> int:
+    """Clusters (or grid groups) launched: each walks row blocks."""
+    return min(config.grid_clusters or num_blocks, num_blocks)
 
 
 # Clusters of each size that the H200 (132 SMs) holds at once: a cluster must
@@ -174,9 +189,12 @@ def select_config(
     tile_m * tile_n <= 128 x 128 or 64 x 256 (128 registers per thread). Rows
     up to 8 x 256 columns take 128-row tiles; up to 8 x 512 columns, 64-row
     tiles with twice the width; wider rows need a bigger cluster than Hopper's
-    portable 8.
+    portable 8. The "semaphore" transport groups CTAs of the grid instead of a
+    cluster: 128-row tiles for rows up to 16 x 256 columns, and as many groups
+    as there are SMs for (every CTA must be resident).
     """
-    max_cluster = min(max_cluster or _MAX_CLUSTER, _MAX_CLUSTER)
+    split_limit = _max_split(transport)
+    max_cluster = min(max_cluster or split_limit, split_limit)
     if jnp.dtype(dtype) not in _SUPPORTED_DTYPES:
         raise ValueError(
             f"the post-norm kernel takes bfloat16 or float16 operands; got {jnp.dtype(dtype).name}"
@@ -184,7 +202,7 @@ def select_config(
         )
     if n > max_cluster * _COMPUTE_WGS * 256:
         raise ValueError(
-            f"N={n} > {max_cluster * _COMPUTE_WGS * 256}: a row must fit one cluster of "
+            f"N={n} > {max_cluster * _COMPUTE_WGS * 256}: a row must fit "
             f"{max_cluster} CTAs x 2 warpgroups x 256 columns"
         )
     for tile_m, tile_n in _TILES:
@@ -196,11 +214,14 @@ def select_config(
             stages = min(stages, k // tile_k)  # no more stages than K steps
             if k % tile_k or stages < 2:
                 continue
+            if transport == "semaphore":
+                grid = num_sms // cluster_n  # groups need not fit a GPC, only the GPU
+            else:
+                grid = resident_clusters(cluster_n, num_sms)
             config = PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=cluster_n,
                                     tile_k=tile_k, max_concurrent_steps=stages,
                                     transport=transport,
-                                    grid_clusters=min(m // tile_m,
-                                                      resident_clusters(cluster_n, num_sms)),
+                                    grid_clusters=min(m // tile_m, grid),
                                     # Measured no faster with 128-row tiles
                                     # (230 vs 231 us, 8192x4096x2048) and
                                     # slower with 64-row ones (670 vs 572 us,
@@ -289,6 +310,7 @@ def _kernel(
     def _scope(pipeline_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratch):
         wg = lax.axis_index("wg")
         is_compute = wg < _COMPUTE_WGS
+        semaphores = exchange.semaphores(grid_size(config, num_blocks))
 
         # A CTA's columns are the same for every row block: its epilogue vectors
         # are loaded once, landing during the first K-loop.
@@ -299,7 +321,7 @@ def _kernel(
                 plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
                                         oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
 
-        def _epilogue(acc, wg, cols, io, m_idx, rows, first):
+        def _epilogue(acc, wg, cols, io, m_idx, rows, first, rounds):
             layout = plgpu.Layout.WGMMA
             col_layout, row_layout = layout.reduce(0), layout.reduce(1)
 
@@ -340,7 +362,8 @@ def _kernel(
                 c = d - bcast_rows(mean_d)
                 partials = [shift, mean_d, jnp.sum(c * c, axis=1)]
             exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx,
-                                first_round=first)
+                                first_round=first, semaphores=semaphores,
+                                group=lax.axis_index("m"), parity=lax.rem(rounds, 2))
 
             def partial(p: int, j: int) -> jax.Array:
                 return plgpu.load(ex_scratch.gathered.at[p, j, pl.ds(0, tile_m)], layout=row_layout)
@@ -384,7 +407,7 @@ def _kernel(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, first)
+                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, first, carry)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 wg = lax.axis_index("wg")
@@ -433,6 +456,15 @@ def post_norm_matmul(
     check_shape(m, k, n, config, kind)
     if interpret and config.multicast:
         raise ValueError("the interpreter cannot run the multicast (cluster-collective barriers)")
+    num_blocks = m // config.tile_m
+    if config.transport == "semaphore":
+        if interpret:
+            raise ValueError("the interpreter cannot allocate global semaphores "
+                             "(transport='semaphore'); use 'global'")
+        ctas, sms = grid_size(config, num_blocks) * config.cluster_n, _gemm_core.num_sms(False)
+        if ctas > sms:
+            raise ValueError(f"transport='semaphore' needs every CTA resident: {ctas} CTAs "
+                             f"> {sms} SMs (lower grid_clusters)")
     exchange = RowStatsExchange(
         axis="n",
         cluster_size=config.cluster_n,
@@ -443,7 +475,6 @@ def post_norm_matmul(
         gpu_fences=not interpret,
         repeated=True,
     )
-    num_blocks = m // config.tile_m
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m, n), x.dtype)]
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:
         out_type.append(stats)
@@ -460,13 +491,17 @@ def post_norm_matmul(
         k=k,
         num_blocks=num_blocks,
     )
+    if config.transport == "semaphore":
+        # Groups of the grid: (group, rank in group); no cluster.
+        layout = dict(grid=(grid_size(config, num_blocks), config.cluster_n),
+                      grid_names=("m", "n"))
+    else:
+        layout = dict(grid=(grid_size(config, num_blocks),), grid_names=("m",),
+                      cluster=(config.cluster_n,), cluster_names=("n",))
     call = plgpu.kernel(
         body,
         out_type=tuple(out_type),
-        grid=(min(config.grid_clusters or num_blocks, num_blocks),),
-        grid_names=("m",),
-        cluster=(config.cluster_n,),
-        cluster_names=("n",),
+        **layout,
         num_threads=_COMPUTE_WGS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),

@@ -74,7 +74,7 @@ POST_NORM_SHAPES = [(8192, 4096, 4096), (4096, 4096, 2048), (2048, 4096, 3072), 
 
 @pytest.mark.parametrize("m, k, n", POST_NORM_SHAPES)
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-@pytest.mark.parametrize("transport", ["dsmem", "global"])
+@pytest.mark.parametrize("transport", ["dsmem", "global", "semaphore"])
 def test_post_norm_matmul_lowers(m, k, n, kind, transport):
     config = pn.select_config(m, k, n, BF16, kind=kind, transport=transport)
     fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)

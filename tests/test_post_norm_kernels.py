@@ -152,3 +152,21 @@ def test_persistent_grid_stays_within_the_clusters_that_run_at_once():
         assert config.grid_clusters == min(m // config.tile_m, pn.resident_clusters(cluster, 132))
     assert pn.resident_clusters(8, 132) == 15
     assert pn.resident_clusters(8, 114) == 12  # elsewhere 7/8 of the SMs' worth
+
+
+def test_semaphore_transport_refuses_what_could_deadlock(rng):
+    """Grid groups wait on each other, so every CTA must be resident; the interpreter
+    cannot allocate the global semaphores at all."""
+    x = jnp.asarray(rng.standard_normal((256, 64)).astype(BF16))
+    w = jnp.asarray(rng.standard_normal((64, 512)).astype(BF16))
+    config = pn.PostNormConfig(tile_m=64, tile_n=128, cluster_n=2, transport="semaphore")
+    with pytest.raises(ValueError, match="interpreter cannot allocate global semaphores"):
+        pn.post_norm_matmul(x, w, None, None, None, None, kind="rms", eps=1e-6, config=config,
+                            interpret=True)
+    too_many = pn.PostNormConfig(tile_m=64, tile_n=128, cluster_n=16, transport="semaphore",
+                                 grid_clusters=9)
+    with pytest.raises(ValueError, match="needs every CTA resident"):
+        pn.post_norm_matmul(jnp.zeros((64 * 9, 64), BF16), jnp.zeros((64, 4096), BF16), None,
+                            None, None, None, kind="rms", eps=1e-6, config=too_many)
+    assert pn.select_config(8192, 4096, 4096, BF16, kind="rms",
+                            transport="semaphore").cluster_n == 16

@@ -50,7 +50,7 @@ BF16 = jnp.bfloat16
 # Measured on the H200 (first run, 225 s in all): rows 26 s, post 21 s; the
 # timing sections ran out of time before their last items.
 SECTIONS = {"rows": 35, "post": 40, "norm_time": 85, "post_time": 220, "norm_sweep": 35,
-            "post_sweep": 180}
+            "post_sweep": 180, "post_semaphore": 230}
 # ONLY=post,post_time runs a subset (the device allows 600 s per call).
 if os.environ.get("ONLY"):
     SECTIONS = {name: SECTIONS[name] for name in os.environ["ONLY"].split(",")}
@@ -471,6 +471,54 @@ def section_post_sweep(sec: Section) -> None:
                 continue
             _time_post(sec, f"sweep post rms {m}x{k}x{n} {name}", mm, kk, nn, "rms", config,
                        False, False)
+
+
+def section_post_semaphore(sec: Section) -> None:
+    """The grid-group ("semaphore") transport: bitwise against the interpreter-tested global
+    transport (one cluster per block), one float64 check, then timings as in post_time."""
+    import dataclasses
+
+    from pallas_kernels import post_norm_matmul as pn
+    from verify import references as ref
+
+    rng = np.random.default_rng(6)
+
+    def agree(kind, m, k, n, residual, bias_mean=0.0):
+        def run():
+            x, w = rand(rng, (m, k)), rand(rng, (k, n), BF16, 1 / np.sqrt(k))
+            b = rand(rng, (n,), jnp.float32, shift=bias_mean)
+            g = rand(rng, (n,), jnp.float32, 0.2, 1.0)
+            r = rand(rng, (m, n)) if residual else None
+            nb = b if kind == "layer" else None
+            sem = pn.select_config(m, k, n, BF16, kind=kind, transport="semaphore")
+            glob = dataclasses.replace(pn.select_config(m, k, n, BF16, kind=kind, transport="global"),
+                                       grid_clusters=None)
+            outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c)
+                    for c in (sem, glob)]
+            for name, i in (("y", 0), ("h", 1)):
+                assert bool(jnp.all(outs[0][i] == outs[1][i])), f"{name} differs from global"
+            item = dict(config=str(sem), blocks=m // sem.tile_m)
+            if kind == "rms" and not residual:
+                h64 = ref.pre_norm_sum(np.asarray(x), np.asarray(w), np.asarray(b))
+                y64 = ref.rms_normalized(h64, 1e-6) * np.asarray(g, np.float64)
+                err = np.abs(np.asarray(outs[0][0], np.float64) - y64)
+                item["max_rel_err_vs_f64"] = float(err.max() / np.abs(y64).max())
+                assert item["max_rel_err_vs_f64"] < 1e-2
+            return item
+        sec.run(f"semaphore agrees {kind} {m}x{k}x{n}{' +res' if residual else ''}", run)
+
+    agree("rms", 2048, 1024, 4096, False)  # 16 blocks over 8 groups of 16: 2 rounds
+    agree("layer", 4096, 1024, 2048, True, bias_mean=100.0)  # 32 blocks, 16 groups of 8
+    agree("rms", 8192, 512, 1024, True)  # 64 blocks, 33 groups of 4
+    agree("layer", 2048, 512, 512, False)  # 16 blocks, 16 of 66 groups of 2
+    if any(not item.get("ok", False) for item in sec.items):
+        return  # no timings of a wrong kernel
+    cases = [(shape, "rms", False) for shape in POST_TIME_SHAPES]
+    cases += [((8192, 4096, 2048), "rms", True), ((8192, 4096, 4096), "layer", True)]
+    for (m, k, n), kind, residual in cases:
+        config = pn.select_config(m, k, n, BF16, kind=kind, transport="semaphore")
+        label = f"semaphore post {kind} {m}x{k}x{n}{' +res' if residual else ''}"
+        _time_post(sec, label, m, k, n, kind, config, True, residual)
 
 
 # ---------------------------------------------------------------------- driver
