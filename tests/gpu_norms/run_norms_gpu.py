@@ -495,9 +495,13 @@ def section_post_semaphore(sec: Section) -> None:
                                        grid_clusters=None)
             outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c)
                     for c in (sem, glob)]
-            for name, i in (("y", 0), ("h", 1)):
-                assert bool(jnp.all(outs[0][i] == outs[1][i])), f"{name} differs from global"
-            item = dict(config=str(sem), blocks=m // sem.tile_m)
+            # Same tiles: the same partials combined in the same order, so bitwise equal.
+            # (Rows of 4096 take 64 x 512 tiles in a cluster but 128 x 256 in a group.)
+            same_tiles = (sem.tile_m, sem.tile_n) == (glob.tile_m, glob.tile_n)
+            assert bool(jnp.all(outs[0][1] == outs[1][1])), "h differs from global"
+            if same_tiles:
+                assert bool(jnp.all(outs[0][0] == outs[1][0])), "y differs from global"
+            item = dict(config=str(sem), blocks=m // sem.tile_m, bitwise_y=same_tiles)
             if kind == "rms" and not residual:
                 h64 = ref.pre_norm_sum(np.asarray(x), np.asarray(w), np.asarray(b))
                 y64 = ref.rms_normalized(h64, 1e-6) * np.asarray(g, np.float64)
