@@ -179,6 +179,29 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
 _PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
 
 
+def select_gpu_config(
+    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, num_sms: int = 132,
+) -> PostNormConfig:
+    """The GPU's pick between a cluster ("dsmem") and a grid group ("semaphore").
+
+    A group costs more per row block (its statistics go through global memory
+    and semaphores: measured 11-22 us per round for groups of 2-8 on the H200,
+    K = 4096) but can use every SM, where clusters of 4 or 8 leave 12 idle. So a
+    group is taken when it needs at most 2/3 of the rounds (row blocks per
+    cluster or group) that clusters need. H200, K = 4096, RMS: 4096 x 1024 59
+    vs 91 us, 8192 x 1024 115 vs 138, 4096 x 2048 133 vs 139 (taken);
+    8192 x 2048 265 vs 229, 8192 x 512 56 vs 51, rows of 4096 732 vs 570 and
+    357 vs 308 (not taken).
+    """
+    cluster = select_config(m, k, n, dtype, kind=kind, transport="dsmem", num_sms=num_sms)
+    try:
+        group = select_config(m, k, n, dtype, kind=kind, transport="semaphore", num_sms=num_sms)
+    except ValueError:
+        return cluster
+    rounds = [pl.cdiv(m // c.tile_m, grid_size(c, m // c.tile_m)) for c in (cluster, group)]
+    return group if 3 * rounds[1] <= 2 * rounds[0] else cluster
+
+
 def select_config(
     m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, transport: Transport = "dsmem",
     max_cluster: int | None = None, num_sms: int = 132,

@@ -127,16 +127,14 @@ def _post_norm(
             raise Unsupported(f"{name} dtype {a.dtype} differs from x dtype {x.dtype}")
     padded_m = -(-m // _POST_NORM_ROW_TILE) * _POST_NORM_ROW_TILE
     try:
-        config = post_norm_matmul.select_config(
-            padded_m,
-            k,
-            n,
-            x.dtype,
-            kind=kind,
-            transport="global" if interpret else "dsmem",
-            max_cluster=_INTERPRET_MAX_CLUSTER if interpret else None,
-            num_sms=_num_sms(interpret),
-        )
+        if interpret:
+            config = post_norm_matmul.select_config(
+                padded_m, k, n, x.dtype, kind=kind, transport="global",
+                max_cluster=_INTERPRET_MAX_CLUSTER, num_sms=_num_sms(interpret),
+            )
+        else:
+            config = post_norm_matmul.select_gpu_config(
+                padded_m, k, n, x.dtype, kind=kind, num_sms=_num_sms(interpret))
     except ValueError as reason:
         raise Unsupported(str(reason)) from None
     if padded_m != m:
