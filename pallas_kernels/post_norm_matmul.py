@@ -22,6 +22,12 @@ with two MMA warpgroups and a TMA warpgroup for the K-loop. All CTAs of a
 cluster read the same rows of x, so on the GPU one TMA multicast can feed them
 all (`multicast`; off by default, as it measured no faster). Each MMA warpgroup stages one [tile_m, tile_n] tile in
 shared memory that carries, in turn, the residual in, h out and y out.
+
+With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
+of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
+128 x 256 CTA tiles in groups of 16 and every SM can work; the statistics then
+go through global memory and semaphores (`cluster_exchange`).
+`select_gpu_config` chooses between the two by the rounds each needs.
 """
 
 from __future__ import annotations

@@ -177,14 +177,13 @@ def dense_layer_norm(
     return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, interpret)
 
 
-# Measured on the H200 (bench/results/h200-2026-11-29/post_norm_persistent,
-# CUPTI, bf16, K=4096): against this package's xla path, which also returns
-# the pre-norm sum, the persistent post-norm kernel took 0.80x the time at
-# M x N = 8192 x 512, 0.93-0.97x at N = 2048 and 1.14-1.46x elsewhere; against
-# the stock `rms_norm(x @ w + b)` in bfloat16 (no pre-norm sum to write) it
-# was slower at every benchmarked shape (1.20x at 8192 x 2048). Its clusters
-# of 4 and 8 CTAs leave 12 of the 132 SMs idle and rows of 4096 need 64-row
-# tiles. Automatic dispatch keeps XLA; impl="mosaic" forces the kernel.
+# Measured on the H200 (tests/gpu_norms/h200_results.md, CUPTI, bf16,
+# K = 4096): against this package's xla path, which also returns the pre-norm
+# sum, the persistent post-norm kernel took 0.73-0.98x the time for RMSNorm at
+# N <= 2048 and 1.04-1.46x for rows of 4096 and LayerNorm; against the stock
+# `rms_norm(x @ w + b)` in bfloat16 (no pre-norm sum to write) it was slower at
+# every benchmarked shape (1.20x at 8192 x 2048, 1.49x at 8192 x 4096).
+# Automatic dispatch keeps XLA; impl="mosaic" forces the kernel.
 _POST_NORM_NOT_FASTER = (
     "the post-norm Mosaic kernel measured slower than a bfloat16 XLA dot + norm at every "
     "benchmarked shape on the H200 (its cluster-wide rows idle 12 of 132 SMs); "
