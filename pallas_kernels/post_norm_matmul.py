@@ -18,10 +18,12 @@ Kernel shape (after jax's `ops/gpu/hopper_matmul_mgpu.py`): persistent, the
 grid's `grid_clusters` clusters walking the row blocks (`plgpu.nd_loop`), so
 the TMA warpgroup fetches the next block's first K steps while the MMA
 warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
-with two MMA warpgroups and a TMA warpgroup for the K-loop. All CTAs of a
+with two MMA warpgroups and a TMA warpgroup for the K-loop. The grid holds no
+more clusters than the GPU runs at once (`resident_clusters`). All CTAs of a
 cluster read the same rows of x, so on the GPU one TMA multicast can feed them
-all (`multicast`; off by default, as it measured no faster). Each MMA warpgroup stages one [tile_m, tile_n] tile in
-shared memory that carries, in turn, the residual in, h out and y out.
+all (`multicast`; off by default, as it measured no faster). Each MMA
+warpgroup stages one [tile_m, tile_n] tile in shared memory that carries, in
+turn, the residual in, h out and y out.
 
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
 of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
@@ -75,12 +77,14 @@ class PostNormConfig:
     Attributes:
       tile_m: rows per CTA (a multiple of 64, the wgmma row tile).
       tile_n: columns per MMA warpgroup.
-      cluster_n: CTAs per row block; N must equal cluster_n * 2 * tile_n.
+      cluster_n: CTAs per row block (a cluster, or a grid group with
+        transport="semaphore"); N must equal cluster_n * 2 * tile_n.
       tile_k: K per pipeline step.
       max_concurrent_steps: pipeline depth (shared-memory stages).
-      transport: how the row partials move across the cluster ("dsmem" on the GPU).
-      grid_clusters: clusters launched, each walking row blocks (persistent);
-        None launches one cluster per row block.
+      transport: how the row partials move between those CTAs: "dsmem" (GPU,
+        cluster), "global" (interpreter, cluster) or "semaphore" (GPU, group).
+      grid_clusters: clusters (or groups) launched, each walking row blocks
+        (persistent); None launches one per row block.
       multicast: load x's tile once per cluster with a TMA multicast (GPU only:
         the interpreter has no cluster-collective barriers).
       delay_release: wgmma groups left in flight before a pipeline slot is released.
