@@ -5,11 +5,12 @@ a cluster, its column block of those rows) into shared memory with one bulk
 copy per row, makes its passes over shared memory in registers, writes the
 normalized values back in place, and copies them out. Statistics are float32.
 
-- One CTA per row block (`cluster_k == 1`) when there are rows enough to fill
-  the GPU and a row fits in shared memory.
-- A row split across the `cluster_k` CTAs of a thread-block cluster (wide rows,
-  few rows): each CTA reduces its columns to per-row partials and the partials
-  are exchanged (`cluster_exchange`, DESIGN.md algebra 3).
+- One CTA per row block (`cluster_k == 1`) whenever a row fits in shared
+  memory: on the H200 that was never slower, even with few rows.
+- A row split across the `cluster_k` CTAs of a thread-block cluster when it is
+  wider than one CTA stages (48 KiB): each CTA reduces its columns to per-row
+  partials and the partials are exchanged (`cluster_exchange`, DESIGN.md
+  algebra 3).
 
 LayerNorm partials are shifted two-pass statistics, Chan-combined: CTA c takes
 its first element s_c as a shift, md_c = mean(x - s_c) and
@@ -152,11 +153,10 @@ def check_shape(m: int, k: int, dtype: jnp.dtype, config: RowNormConfig) -> None
 # 128 KiB tiles, 8192 x 8192 66.5 / 67.5 / 71.7 us with 16 / 32 / 64 KiB.
 _TARGET_TILE_BYTES = 16 * 1024
 # Widest part of a row one CTA stages before the row is split across a
-# cluster. With rows enough to fill the GPU a split only adds the exchange:
-# 4096 x 16384 bf16 (32 KiB rows) ran 66.5 us whole, 75.4 us over 2 CTAs.
+# cluster. A split only adds the exchange, with many rows or few (H200, RMSNorm
+# bf16, us whole / over 2, 4, 8 CTAs): 4096 x 16384 66.5 / 75.4; 256 x 16384
+# 7.2 / - / 9.1 / 12.0; 16 x 8192 2.4 / 2.5 / 2.3 / 2.4 (launch-bound).
 _MAX_ROW_PART_BYTES = 48 * 1024
-# Smallest part of a row worth a CTA of its own when splitting for occupancy.
-_MIN_ROW_PART_BYTES = 2 * 1024
 # What one CTA may stage at all (H100/H200: 227 KiB of shared memory per CTA).
 _MAX_TILE_BYTES = 192 * 1024
 # Register budget: float32 elements per thread per chunk.
@@ -197,13 +197,6 @@ def select_config(
         and (m // bm) * cluster >= enough_ctas
     ]
     block_m = candidates[0] if candidates else 1
-    # Still too few CTAs (few rows): split each row over more CTAs.
-    while (
-        m * cluster < enough_ctas
-        and cluster < max_cluster
-        and row_bytes // (2 * cluster) >= _MIN_ROW_PART_BYTES
-    ):
-        cluster *= 2
     # Fall back to fewer CTAs per row, then to more rows per CTA (fewer warps
     # per row, so narrower layout tiles), then to narrower vectors, until the
     # row splits into whole tiles.
