@@ -45,7 +45,7 @@ Persistent kernels exchange once per row block (`repeated=True`). With
 "dsmem" a peer may then push round r+1 into a buffer this CTA still reads for
 round r, so each party, once done reading, arrives on every CTA's `free`
 cluster barrier, and a party waits on its own `free` before pushing the next
-round (`all_gather(..., first_round=...)`) and once more before the CTA exits
+round (`all_gather(..., round_index=...)`) and once more before the CTA exits
 (`finish`): no remote store or arrival can then reach a CTA that has moved on
 or exited. The wait is off the critical path: the arrivals happen right after
 a round's combine, a whole K-loop before the next push. With "global" each row
@@ -178,51 +178,48 @@ class RowStatsExchange:
         *,
         party: jax.Array | int,
         cluster_id: jax.Array | int,
-        first_round: jax.Array | bool = True,
+        round_index: jax.Array | int = 0,
         semaphores: Any = None,
         group: jax.Array | int = 0,
-        parity: jax.Array | int = 0,
     ) -> None:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
         rows == 1); wait for everyone's.
 
         Afterwards `scratch.gathered[p, j]` holds stat j of partial p, where
         p = rank_in_cluster * parties + party, for every p. With `repeated`,
-        call `release` once done reading them and `finish` before exiting.
-        The "semaphore" transport also takes `semaphores`, this CTA's `group`
-        (its grid index along the axis the groups are laid out on) and the
-        round's `parity`.
+        pass how many exchanges this CTA made before (`round_index`), call
+        `release` once done reading the partials and `finish` before exiting.
+        The "semaphore" transport also takes `semaphores` and this CTA's
+        `group` (its grid index along the axis the groups are laid out on).
         """
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
-        if self._via_semaphores:
-            self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
-            self._signal_and_wait(semaphores, group, rank, party, parity)
-            self._gather_global(scratch, gmem_scratch, party, cluster_id)
-            return
         if self._via_global:
             self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
-                if isinstance(first_round, bool):
-                    if not first_round:
+                if isinstance(round_index, int):
+                    if round_index:
                         self._wait_free(scratch)()
                 else:
-                    pl.when(jnp.logical_not(first_round))(self._wait_free(scratch))
+                    pl.when(round_index > 0)(self._wait_free(scratch))
             self._publish_dsmem(partials, scratch, slot)
-        fenced = self.gpu_fences and self.cluster_size > 1
-        if fenced:
-            _fence("fence.acq_rel.cluster;")
-        plgpu.barrier_arrive(scratch.barrier)
-        plgpu.barrier_wait(scratch.barrier)
-        if fenced:
-            _fence("fence.acq_rel.cluster;")
-        if self._via_global:
+        if self._via_semaphores:
+            self._signal_and_wait(semaphores, group, rank, party, jax.lax.rem(round_index, 2))
+        else:
+            fenced = self.gpu_fences and self.cluster_size > 1
             if fenced:
-                _fence("fence.proxy.async.global;")
+                _fence("fence.acq_rel.cluster;")
+            plgpu.barrier_arrive(scratch.barrier)
+            plgpu.barrier_wait(scratch.barrier)
+            if fenced:
+                _fence("fence.acq_rel.cluster;")
+                if self._via_global:
+                    _fence("fence.proxy.async.global;")
+        if self._via_global:
             self._gather_global(scratch, gmem_scratch, party, cluster_id)
 
     def _signal_and_wait(self, semaphores, group, rank, party, parity) -> None:

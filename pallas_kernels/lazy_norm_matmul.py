@@ -174,6 +174,11 @@ def _run(
     return_row_stats: bool,
     interpret: bool,
 ) -> tuple[Array, ...] | tuple[tuple[Array, ...], RowStats]:
+    """Run the GEMM core; the epilogue gains the bias columns and row statistics out
+    that `biases` and `return_row_stats` ask for."""
+    epilogue = dataclasses.replace(
+        epilogue, col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats
+    )
     m = x.shape[0]
     ns = [w.shape[1] for w in weights]
     vectors = [v for v in (row_scale, row_shift) if v is not None]
@@ -238,9 +243,6 @@ def lazy_rms_matmul(
         if row_scale is None:
             row_scale = rms_row_scale(x, eps)
         epilogue = Epilogue(row_scale=True)
-    epilogue = dataclasses.replace(
-        epilogue, col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats
-    )
     return _run(
         x,
         weights,
@@ -314,14 +316,11 @@ def lazy_layer_norm_matmul(
             normed = normed * gain
         if norm_bias is not None:
             normed = normed + norm_bias.astype(jnp.float32)
-        epilogue = Epilogue(
-            col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats
-        )
         return _run(
             normed.astype(x.dtype),
             weights,
             config=config,
-            epilogue=epilogue,
+            epilogue=Epilogue(),
             row_scale=None,
             row_shift=None,
             col_sums=None,
@@ -350,9 +349,6 @@ def lazy_layer_norm_matmul(
             row_vectors if row_vectors is not None else layer_norm_row_vectors(x, eps)
         )
         epilogue = Epilogue(row_scale=True, row_shift=True, col_sums=True)
-    epilogue = dataclasses.replace(
-        epilogue, col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats
-    )
     return _run(
         x,
         folded,

@@ -354,7 +354,7 @@ def _kernel(
                 plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
                                         oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
 
-        def _epilogue(acc, wg, cols, io, m_idx, rows, first, rounds):
+        def _epilogue(acc, wg, cols, io, m_idx, rows, rounds):
             layout = plgpu.Layout.WGMMA
             col_layout, row_layout = layout.reduce(0), layout.reduce(1)
 
@@ -366,7 +366,7 @@ def _kernel(
 
             loaded = {}
             if vectors:
-                pl.when(first)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
+                pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
                 for (_, name), smem in zip(vectors, vec_smem):
                     loaded[name] = plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
             h = acc
@@ -395,8 +395,8 @@ def _kernel(
                 c = d - bcast_rows(mean_d)
                 partials = [shift, mean_d, jnp.sum(c * c, axis=1)]
             exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx,
-                                first_round=first, semaphores=semaphores,
-                                group=lax.axis_index("m"), parity=lax.rem(rounds, 2))
+                                round_index=rounds, semaphores=semaphores,
+                                group=lax.axis_index("m"))
 
             def partial(p: int, j: int) -> jax.Array:
                 return plgpu.load(ex_scratch.gathered.at[p, j, pl.ds(0, tile_m)], layout=row_layout)
@@ -425,7 +425,6 @@ def _kernel(
         @plgpu.nd_loop((num_blocks,), collective_axes="m", init_carry=jnp.int32(0))
         def _row_blocks(loop_info, carry):
             m_idx = loop_info.index[0]
-            first = loop_info.local_index == 0
             rows = pl.ds(m_idx * tile_m, tile_m)
 
             def compute_context(eval_pipeline):
@@ -440,7 +439,7 @@ def _kernel(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, first, carry)
+                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 wg = lax.axis_index("wg")

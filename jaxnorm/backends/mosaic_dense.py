@@ -32,10 +32,8 @@ def _check(x: Array, kernels: tuple[Array, ...]) -> None:
 
 def _config(x: Array, kernels: tuple[Array, ...]) -> lazy.TuningConfig:
     m, k = x.shape
-    return lazy.default_config(
-        m, k, [w.shape[1] for w in kernels],
-        stats_warpgroup=lazy.use_statistics_warpgroup(m, k, [w.shape[1] for w in kernels]),
-    )
+    ns = [w.shape[1] for w in kernels]
+    return lazy.default_config(m, k, ns, stats_warpgroup=lazy.use_statistics_warpgroup(m, k, ns))
 
 
 @register("rms_norm_dense", "mosaic")
