@@ -51,6 +51,17 @@ or exited. The wait is off the critical path: the arrivals happen right after
 a round's combine, a whole K-loop before the next push. With "global" each row
 block has its own scratch slot, and a CTA's `gathered` is only refilled after
 every local party has arrived for the next round, so nothing more is needed.
+
+Overlapped rounds (`overlapped=True`, "global" and "semaphore" only): a kernel
+that normalizes a row block only after the next block's K-loop publishes
+round r+1 before it collects round r (`publish`, later `collect`), so the
+exchange's latency hides behind a K-loop. The barriers (semaphores) then
+alternate by round parity: a party publishes round r+2 only after collecting
+round r+1, which needs every party's round r+1 publication, which each party
+makes only after it collected round r, so a parity's barrier phase (or
+semaphore count) never runs two rounds ahead of a waiter. The CTA's parties
+share one `gathered` buffer: each arrives on the local `free` barrier once it
+has read a round, and the party that issues the next gather waits on it first.
 """
 
 from __future__ import annotations
@@ -72,10 +83,12 @@ class ExchangeScratch(NamedTuple):
     """Shared-memory refs of one exchange; build with `RowStatsExchange.smem_scratch`."""
 
     gathered: Any  # [num_partials, num_stats, >= rows] float32: every party's partials
-    barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA)
+    barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA); 2 if overlapped
     staging: Any  # [parties, num_stats, >= rows] float32 ("global" only, else None)
     copy_barrier: Any  # TMA completion of the gather ("global" only, else None)
-    free: Any  # cluster barrier: every party is done reading (repeated "dsmem" only, else None)
+    # every party is done reading: a cluster barrier (repeated "dsmem"), a CTA
+    # barrier (overlapped), else None
+    free: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +104,8 @@ class RowStatsExchange:
       transport: "dsmem" (GPU) or "global" (interpreter, or GPU fallback).
       gpu_fences: emit the cluster-scope fences (False under the interpreter).
       repeated: the kernel exchanges once per row block, several times per CTA.
+      overlapped: round r+1 is published before round r is collected
+        (`publish` / `collect`); "global" and "semaphore" with cluster_size > 1.
     """
 
     axis: str
@@ -101,6 +116,7 @@ class RowStatsExchange:
     transport: Transport
     gpu_fences: bool
     repeated: bool = False
+    overlapped: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in ("dsmem", "global", "semaphore"):
@@ -108,6 +124,9 @@ class RowStatsExchange:
                 f"transport must be 'dsmem', 'global' or 'semaphore'; got {self.transport!r}")
         if self.cluster_size < 1 or self.parties < 1:
             raise ValueError(f"cluster_size and parties must be >= 1; got {self}")
+        if self.overlapped and not self._via_global:
+            raise ValueError("overlapped rounds need transport 'global' or 'semaphore' and "
+                             f"cluster_size > 1; got {self.transport!r}, {self.cluster_size}")
 
     @property
     def num_partials(self) -> int:
@@ -136,19 +155,25 @@ class RowStatsExchange:
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
+        per_round = dict(num_barriers=2) if self.overlapped else {}
         if self._via_semaphores:
             barrier = None
         elif self.cluster_size > 1:
-            barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
+            barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties,
+                                           **per_round)
         else:
             barrier = plgpu.Barrier(num_arrivals=self.parties)
+        free = None
+        if self._needs_free:
+            free = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
+        elif self.overlapped:
+            free = plgpu.Barrier(num_arrivals=self.parties)
         return ExchangeScratch(
             gathered=plgpu.SMEM((self.num_partials, *stats), jnp.float32),
             barrier=barrier,
             staging=plgpu.SMEM((self.parties, *stats), jnp.float32) if self._via_global else None,
             copy_barrier=plgpu.Barrier() if self._via_global else None,
-            free=(plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
-                  if self._needs_free else None),
+            free=free,
         )
 
     def gmem_scratch(self, num_clusters: int) -> jax.ShapeDtypeStruct | None:
@@ -181,17 +206,39 @@ class RowStatsExchange:
         round_index: jax.Array | int = 0,
         semaphores: Any = None,
         group: jax.Array | int = 0,
-    ) -> None:
+    ) -> Any:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
-        rows == 1); wait for everyone's.
+        rows == 1); wait for everyone's; return the buffer that holds them.
 
-        Afterwards `scratch.gathered[p, j]` holds stat j of partial p, where
+        In the returned ref, [p, j] is stat j of partial p, where
         p = rank_in_cluster * parties + party, for every p. With `repeated`,
         pass how many exchanges this CTA made before (`round_index`), call
         `release` once done reading the partials and `finish` before exiting.
         The "semaphore" transport also takes `semaphores` and this CTA's
         `group` (its grid index along the axis the groups are laid out on).
+        Overlapped exchanges call `publish` and `collect` apart instead.
         """
+        if self.overlapped:
+            raise ValueError("an overlapped exchange publishes and collects apart")
+        where = dict(party=party, cluster_id=cluster_id, round_index=round_index,
+                     semaphores=semaphores, group=group)
+        self.publish(partials, scratch, gmem_scratch, **where)
+        return self.collect(scratch, gmem_scratch, **where)
+
+    def publish(
+        self,
+        partials: Sequence[jax.Array],
+        scratch: ExchangeScratch,
+        gmem_scratch: Any,
+        *,
+        party: jax.Array | int,
+        cluster_id: jax.Array | int,
+        round_index: jax.Array | int = 0,
+        semaphores: Any = None,
+        group: jax.Array | int = 0,
+    ) -> None:
+        """Send this party's partials of round `round_index` and signal them; no waiting
+        on peers (an overlapped kernel collects the round after its next K-loop)."""
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
@@ -208,39 +255,62 @@ class RowStatsExchange:
                     pl.when(round_index > 0)(self._wait_free(scratch))
             self._publish_dsmem(partials, scratch, slot)
         if self._via_semaphores:
-            self._signal_and_wait(semaphores, group, rank, party, jax.lax.rem(round_index, 2))
+            # The TMA writes of the partials are complete (`_publish_global`); make
+            # them visible at GPU scope before the relaxed semaphore increments.
+            if self.gpu_fences:
+                _fence("fence.proxy.async.global;")
+                _fence("fence.acq_rel.gpu;")
+            parity = jax.lax.rem(round_index, 2)
+            plgpu.semaphore_signal_parallel(*[
+                plgpu.SemaphoreSignal(self._semaphore(semaphores, group, member, q, parity),
+                                      device_id=None, inc=1)
+                for member in range(self.cluster_size) for q in range(self.parties)
+            ])
         else:
-            fenced = self.gpu_fences and self.cluster_size > 1
-            if fenced:
+            if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
-            plgpu.barrier_arrive(scratch.barrier)
-            plgpu.barrier_wait(scratch.barrier)
-            if fenced:
+            plgpu.barrier_arrive(self._round_barrier(scratch, round_index))
+
+    def collect(
+        self,
+        scratch: ExchangeScratch,
+        gmem_scratch: Any,
+        *,
+        party: jax.Array | int,
+        cluster_id: jax.Array | int,
+        round_index: jax.Array | int = 0,
+        semaphores: Any = None,
+        group: jax.Array | int = 0,
+    ) -> Any:
+        """Wait for every party's partials of round `round_index`; return this party's
+        view of them ([partial, stat, row], as from `all_gather`)."""
+        if self._via_semaphores:
+            rank = jax.lax.axis_index(self.axis)
+            parity = jax.lax.rem(round_index, 2)
+            plgpu.semaphore_wait(self._semaphore(semaphores, group, rank, party, parity),
+                                 self.num_partials, memory_scope="gpu")
+            if self.gpu_fences:
+                _fence("fence.acq_rel.gpu;")
+                _fence("fence.proxy.async.global;")  # the gather below is a TMA read
+        else:
+            plgpu.barrier_wait(self._round_barrier(scratch, round_index))
+            if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
                 if self._via_global:
                     _fence("fence.proxy.async.global;")
         if self._via_global:
-            self._gather_global(scratch, gmem_scratch, party, cluster_id)
+            self._gather_global(scratch, gmem_scratch, party, cluster_id, round_index)
+        return scratch.gathered
 
-    def _signal_and_wait(self, semaphores, group, rank, party, parity) -> None:
-        # The TMA writes of the partials are complete (`_publish_global`); make
-        # them visible at GPU scope before the relaxed semaphore increments.
-        if self.gpu_fences:
-            _fence("fence.proxy.async.global;")
-            _fence("fence.acq_rel.gpu;")
-        plgpu.semaphore_signal_parallel(*[
-            plgpu.SemaphoreSignal(self._semaphore(semaphores, group, member, q, parity),
-                                  device_id=None, inc=1)
-            for member in range(self.cluster_size) for q in range(self.parties)
-        ])
-        plgpu.semaphore_wait(self._semaphore(semaphores, group, rank, party, parity),
-                             self.num_partials, memory_scope="gpu")
-        if self.gpu_fences:
-            _fence("fence.acq_rel.gpu;")
-            _fence("fence.proxy.async.global;")  # the gather below is a TMA read
+    def _round_barrier(self, scratch: ExchangeScratch, round_index) -> Any:
+        if not self.overlapped:
+            return scratch.barrier
+        return scratch.barrier.at[jax.lax.rem(round_index, 2)]
 
     def release(self, scratch: ExchangeScratch) -> None:
-        """This party is done reading `gathered` (repeated exchanges only)."""
+        """This party is done reading `gathered` (repeated or overlapped exchanges only)."""
+        if self.overlapped:
+            plgpu.barrier_arrive(scratch.free)
         if not self._needs_free:
             return
         if self.gpu_fences:
@@ -251,6 +321,8 @@ class RowStatsExchange:
         """Observe the last round's releases, so no peer arrives on an exited CTA."""
         if self._needs_free:
             pl.when(rounds > 0)(self._wait_free(scratch))
+        if self.overlapped:
+            pl.when(rounds > 0)(lambda: plgpu.barrier_wait(scratch.free))
 
     def _wait_free(self, scratch: ExchangeScratch):
         def wait() -> None:
@@ -275,8 +347,11 @@ class RowStatsExchange:
         plgpu.copy_smem_to_gmem(scratch.staging.at[party], gmem_scratch.at[cluster_id, slot])
         plgpu.wait_smem_to_gmem(0)  # the writes themselves, not just the SMEM reads
 
-    def _gather_global(self, scratch, gmem_scratch, party, cluster_id) -> None:
+    def _gather_global(self, scratch, gmem_scratch, party, cluster_id, round_index) -> None:
         # One copy per CTA; every party waits on its completion barrier.
+        if self.overlapped:  # every party must be done reading the previous round
+            pl.when(round_index > 0)(lambda: plgpu.barrier_wait(scratch.free))
+
         def issue():
             plgpu.copy_gmem_to_smem(
                 gmem_scratch.at[cluster_id],

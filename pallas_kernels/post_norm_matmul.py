@@ -88,6 +88,10 @@ class PostNormConfig:
       multicast: load x's tile once per cluster with a TMA multicast (GPU only:
         the interpreter has no cluster-collective barriers).
       delay_release: wgmma groups left in flight before a pipeline slot is released.
+      overlap: normalize each row block only after the next block's K-loop, so
+        the statistics exchange hides behind it: h waits in the staging tile
+        (bf16) and y is normalized from it. Transports "global" and
+        "semaphore" with cluster_n > 1.
     """
 
     tile_m: int
@@ -99,6 +103,7 @@ class PostNormConfig:
     grid_clusters: int | None = None
     multicast: bool = False
     delay_release: int = 0
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -115,6 +120,10 @@ class PostNormConfig:
             raise ValueError(f"grid_clusters={self.grid_clusters} must be >= 1 (or None)")
         if self.delay_release not in (0, 1):
             raise ValueError(f"delay_release={self.delay_release} must be 0 or 1")
+        if self.overlap and (self.transport == "dsmem" or self.cluster_n == 1):
+            raise ValueError("overlap needs a transport through global memory ('global' or "
+                             f"'semaphore') and cluster_n > 1; got {self.transport!r}, "
+                             f"cluster_n={self.cluster_n}")
         if self.multicast and self.transport != "dsmem":
             raise ValueError("multicast runs only on the GPU (transport='dsmem')")
         if self.multicast and not _can_multicast(self.tile_m, self.cluster_n):
@@ -259,7 +268,9 @@ def select_config(
                                     # (230 vs 231 us, 8192x4096x2048) and
                                     # slower with 64-row ones (670 vs 572 us,
                                     # 8192x4096x4096): off by default.
-                                    multicast=False)
+                                    multicast=False,
+                                    # Through global memory, hide the exchange.
+                                    overlap=transport != "dsmem" and cluster_n > 1)
             if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind)
                 return config
@@ -354,71 +365,122 @@ def _kernel(
                 plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
                                         oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
 
-        def _epilogue(acc, wg, cols, io, m_idx, rows, rounds):
-            layout = plgpu.Layout.WGMMA
-            col_layout, row_layout = layout.reduce(0), layout.reduce(1)
+        layout = plgpu.Layout.WGMMA
+        col_layout, row_layout = layout.reduce(0), layout.reduce(1)
+        grid = grid_size(config, num_blocks)
 
-            def bcast_rows(v):
-                return plgpu.layout_cast(lax.broadcast_in_dim(v, acc.shape, [0]), layout)
+        def bcast(v: jax.Array, shape: tuple[int, int], dim: int) -> jax.Array:
+            return plgpu.layout_cast(lax.broadcast_in_dim(v, shape, [dim]), layout)
 
-            def bcast_cols(v):
-                return plgpu.layout_cast(lax.broadcast_in_dim(v, acc.shape, [1]), layout)
+        def load_vectors(wg, rounds) -> dict[str, jax.Array]:
+            if not vectors:
+                return {}
+            pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
+            return {name: plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
+                    for (_, name), smem in zip(vectors, vec_smem)}
 
-            loaded = {}
-            if vectors:
-                pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
-                for (_, name), smem in zip(vectors, vec_smem):
-                    loaded[name] = plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
+        def pre_norm_sum(acc, loaded, io) -> jax.Array:
+            """acc + bias (+ the residual staged in `io`), float32."""
             h = acc
             if has_bias:
-                h = h + bcast_cols(loaded["bias"])
+                h = h + bcast(loaded["bias"], h.shape, 1)
             if has_residual:
-                plgpu.barrier_wait(io_barrier.at[wg])
+                plgpu.barrier_wait(io_barrier.at[lax.axis_index("wg")])
                 h = h + plgpu.load(io, layout=layout).astype(jnp.float32)
-            else:
-                # The previous block's y store must be done reading the staging tile.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            # h leaves while the statistics are exchanged.
-            io[...] = h.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(io, h_gmem.at[rows, cols])
+            return h
 
-            inv_count = 1.0 / tile_n
+        def row_partials(h) -> list[jax.Array]:
             if kind == "rms":
-                partials = [jnp.sum(h * h, axis=1)]
-            else:
-                # Shift by the warpgroup's own mean, then two-pass: exact enough
-                # that Chan's combine of the partials keeps float32 precision.
-                shift = jnp.sum(h, axis=1) * inv_count
-                d = h - bcast_rows(shift)
-                mean_d = jnp.sum(d, axis=1) * inv_count
-                c = d - bcast_rows(mean_d)
-                partials = [shift, mean_d, jnp.sum(c * c, axis=1)]
-            exchange.all_gather(partials, ex_scratch, stats_gmem, party=wg, cluster_id=m_idx,
-                                round_index=rounds, semaphores=semaphores,
-                                group=lax.axis_index("m"))
+                return [jnp.sum(h * h, axis=1)]
+            # Shift by the warpgroup's own mean, then two-pass: exact enough
+            # that Chan's combine of the partials keeps float32 precision.
+            inv_count = 1.0 / tile_n
+            shift = jnp.sum(h, axis=1) * inv_count
+            d = h - bcast(shift, h.shape, 0)
+            mean_d = jnp.sum(d, axis=1) * inv_count
+            c = d - bcast(mean_d, h.shape, 0)
+            return [shift, mean_d, jnp.sum(c * c, axis=1)]
 
+        def normalize(h, gathered, row0: int, loaded) -> jax.Array:
+            """Norm of the rows [row0, row0 + h.shape[0]) of a block from the gathered partials."""
             def partial(p: int, j: int) -> jax.Array:
-                return plgpu.load(ex_scratch.gathered.at[p, j, pl.ds(0, tile_m)], layout=row_layout)
+                return plgpu.load(gathered.at[p, j, pl.ds(row0, h.shape[0])], layout=row_layout)
 
             num_partials = exchange.num_partials
             if kind == "rms":
                 row_scale = combine_rms(partial, num_partials, n_cluster * config.cta_n, eps)
-                exchange.release(ex_scratch)
-                y = h * bcast_rows(row_scale)
+                y = h * bcast(row_scale, h.shape, 0)
             else:
                 shift0, mu, inv = combine_layer(partial, num_partials, tile_n, eps)
-                exchange.release(ex_scratch)
-                y = ((h - bcast_rows(shift0)) - bcast_rows(mu)) * bcast_rows(inv)
+                y = ((h - bcast(shift0, h.shape, 0)) - bcast(mu, h.shape, 0)) * bcast(
+                    inv, h.shape, 0)
             if has_scale:
-                y = y * bcast_cols(loaded["scale"])
+                y = y * bcast(loaded["scale"], h.shape, 1)
             if has_norm_bias:
-                y = y + bcast_cols(loaded["norm_bias"])
+                y = y + bcast(loaded["norm_bias"], h.shape, 1)
+            return y
+
+        def store_staged(io, out_gmem, rows, cols) -> None:
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(io, out_gmem.at[rows, cols])
+
+        def exchange_site(wg, m_idx, rounds) -> dict:
+            return dict(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
+                        group=lax.axis_index("m"))
+
+        def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
+            """Exchange and normalize this block now (h's store overlaps the exchange)."""
+            loaded = load_vectors(wg, rounds)
+            h = pre_norm_sum(acc, loaded, io)
+            if not has_residual:
+                # The previous block's y store must be done reading the staging tile.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            io[...] = h.astype(dtype)
+            store_staged(io, h_gmem, rows, cols)
+            gathered = exchange.all_gather(row_partials(h), ex_scratch, stats_gmem,
+                                           **exchange_site(wg, m_idx, rounds))
+            y = normalize(h, gathered, 0, loaded)
+            exchange.release(ex_scratch)
             # The staging tile is reused: h's copy must have finished reading it.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             io[...] = y.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(io, y_gmem.at[rows, cols])
+            store_staged(io, y_gmem, rows, cols)
+
+        def finish_staged_block(wg, cols, io, m_idx, rounds) -> None:
+            """Overlapped: normalize the staged h of block `m_idx` (exchange round
+            `rounds`) in place, 64 rows at a time (the next block's accumulators
+            hold their registers meanwhile), and store it as y."""
+            gathered = exchange.collect(ex_scratch, stats_gmem, **exchange_site(wg, m_idx, rounds))
+            loaded = load_vectors(wg, rounds)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # h's store has read the tile
+            for row0 in range(0, tile_m, 64):
+                chunk = io.at[pl.ds(row0, 64)]
+                h = plgpu.load(chunk, layout=layout).astype(jnp.float32)
+                chunk[...] = normalize(h, gathered, row0, loaded).astype(dtype)
+            store_staged(io, y_gmem, pl.ds(m_idx * tile_m, tile_m), cols)
+            # After store_staged's proxy fence: the next gather is an async-proxy write.
+            exchange.release(ex_scratch)
+
+        def epilogue_overlapped(acc, wg, cols, io, m_idx, rows, rounds):
+            """Publish this block's partials, finish the previous block, stage h for the next."""
+            previous = lambda: finish_staged_block(  # noqa: E731
+                wg, cols, io, m_idx - grid, rounds - 1)
+            if has_residual:
+                # The staging tile holds the previous block's h until it is normalized.
+                pl.when(rounds > 0)(previous)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+            loaded = load_vectors(wg, rounds)
+            h = pre_norm_sum(acc, loaded, io)
+            exchange.publish(row_partials(h), ex_scratch, stats_gmem,
+                             **exchange_site(wg, m_idx, rounds))
+            if not has_residual:
+                pl.when(rounds > 0)(previous)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y's store has read the tile
+            io[...] = h.astype(dtype)
+            store_staged(io, h_gmem, rows, cols)
+
+        epilogue = epilogue_overlapped if config.overlap else epilogue_inline
 
         # Persistent: the grid's clusters walk the row blocks, each cluster
         # exchanging once per block.
@@ -431,7 +493,7 @@ def _kernel(
                 wg = lax.axis_index("wg")
                 cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
                 io = io_smem.at[wg]
-                if has_residual:
+                if has_residual and not config.overlap:
                     # The previous block's y store must be done reading the staging tile.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
@@ -439,7 +501,7 @@ def _kernel(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    _epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
+                    epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 wg = lax.axis_index("wg")
@@ -454,6 +516,12 @@ def _kernel(
 
         @pl.when(is_compute)
         def _finish():
+            if config.overlap:
+                wg = lax.axis_index("wg")
+                last_block = lax.axis_index("m") + (_row_blocks - 1) * grid
+                pl.when(_row_blocks > 0)(lambda: finish_staged_block(
+                    wg, pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n), io_smem.at[wg],
+                    last_block, _row_blocks - 1))
             exchange.finish(ex_scratch, _row_blocks)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -506,6 +574,7 @@ def post_norm_matmul(
         transport=config.transport,
         gpu_fences=not interpret,
         repeated=True,
+        overlapped=config.overlap,
     )
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m, n), x.dtype)]
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:

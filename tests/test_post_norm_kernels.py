@@ -94,18 +94,29 @@ def test_narrow_k_steps_without_bias_or_residual(rng, kind):
     _run_and_check(rng, kind, 64, 96, 256, config, residual=False)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlap"])
 @pytest.mark.parametrize(
     "kind, grid_clusters, residual",
     [("rms", 2, True), ("layer", 1, True), ("layer", 2, False)],
     ids=["rms-2-clusters", "layer-1-cluster", "layer-no-residual"],
 )
-def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, residual):
+def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, residual, overlap):
     """Fewer clusters than row blocks: each cluster exchanges statistics once per block,
-    reusing its staging tile, exchange buffers and pipeline across blocks."""
+    reusing its staging tile, exchange buffers and pipeline across blocks. Overlapped,
+    a block is normalized after the next block's K-loop (the last one after the loop)."""
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=64,
                                max_concurrent_steps=2, transport="global",
-                               grid_clusters=grid_clusters)
+                               grid_clusters=grid_clusters, overlap=overlap)
     _run_and_check(rng, kind, 192, 128, 256, config, residual=residual)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_overlap_normalizes_128_row_blocks_in_two_halves(rng, kind):
+    """128-row tiles: the staged h is normalized 64 rows at a time."""
+    config = pn.PostNormConfig(tile_m=128, tile_n=64, cluster_n=2, tile_k=64,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               overlap=True)
+    _run_and_check(rng, kind, 256, 64, 256, config, residual=kind == "rms")
 
 
 # ------------------------------------------------------------------- heuristics
