@@ -372,10 +372,12 @@ def _kernel(
         def bcast(v: jax.Array, shape: tuple[int, int], dim: int) -> jax.Array:
             return plgpu.layout_cast(lax.broadcast_in_dim(v, shape, [dim]), layout)
 
-        def load_vectors(wg, rounds) -> dict[str, jax.Array]:
+        def load_vectors(wg, rounds, *, landed: bool = False) -> dict[str, jax.Array]:
+            """The epilogue vectors; the first round waits for their copy (unless `landed`)."""
             if not vectors:
                 return {}
-            pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
+            if not landed:
+                pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
             return {name: plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
                     for (_, name), smem in zip(vectors, vec_smem)}
 
@@ -451,7 +453,7 @@ def _kernel(
             `rounds`) in place, 64 rows at a time (the next block's accumulators
             hold their registers meanwhile), and store it as y."""
             gathered = exchange.collect(ex_scratch, stats_gmem, **exchange_site(wg, m_idx, rounds))
-            loaded = load_vectors(wg, rounds)
+            loaded = load_vectors(wg, rounds, landed=True)  # waited for when this block published
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # h's store has read the tile
             for row0 in range(0, tile_m, 64):
                 chunk = io.at[pl.ds(row0, 64)]

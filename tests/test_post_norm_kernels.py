@@ -61,25 +61,31 @@ def test_dense_layer_norm_matches_reference(rng, bias_mean):
     assert_race_free()
 
 
-def _run_and_check(rng, kind, m, k, n, config, *, residual: bool) -> None:
-    """Run the kernel directly (no bias or gain) and check y and h against float64."""
+def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False) -> None:
+    """Run the kernel directly (with `vectors`: bias and gain) and check y and h against
+    float64."""
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
     r = rng.standard_normal((m, n)).astype(BF16) if residual else None
-    y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w), None, None, None,
+    bias = rng.standard_normal(n).astype(F32) if vectors else None
+    gain = (1.0 + 0.2 * rng.standard_normal(n)).astype(F32) if vectors else np.ones(n, F32)
+    y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w),
+                               None if bias is None else jnp.asarray(bias),
+                               jnp.asarray(gain) if vectors else None, None,
                                None if r is None else jnp.asarray(r), kind=kind,
                                eps=1e-6, config=config, interpret=True)
     assert_race_free()
-    h64 = ref.pre_norm_sum(x, w, residual=r)
+    h64 = ref.pre_norm_sum(x, w, bias, residual=r)
     h_err = tol.dense_tolerance(ref.f64(x), ref.f64(w), h64, BF16, F32)
     if kind == "rms":
         y64, inv = ref.rms_normalized(h64, 1e-6), ref.rms_inverse(h64, 1e-6)
+        y64 = y64 * ref.f64(gain)
         terms = y64
     else:
         mu, inv = ref.mean_and_inverse_std(h64, 1e-6)
-        y64 = (h64 - mu) * inv
+        y64 = (h64 - mu) * inv * ref.f64(gain)
         terms = tol.centred_terms(y64)
-    t_y = tol.post_norm_tolerance(h_err, inv, np.ones(n), terms, y64, BF16)
+    t_y = tol.post_norm_tolerance(h_err, inv, gain, terms, y64, BF16)
     t_h = h_err + tol.unit_roundoff(BF16) * np.abs(h64) + tol.tiny(BF16)
     for name, got, want, t in (("y", y, y64, t_y), ("h", h, h64, t_h)):
         err = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - want)
@@ -107,7 +113,7 @@ def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, r
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=64,
                                max_concurrent_steps=2, transport="global",
                                grid_clusters=grid_clusters, overlap=overlap)
-    _run_and_check(rng, kind, 192, 128, 256, config, residual=residual)
+    _run_and_check(rng, kind, 192, 128, 256, config, residual=residual, vectors=True)
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
