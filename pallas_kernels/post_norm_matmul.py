@@ -203,14 +203,15 @@ def select_gpu_config(
 ) -> PostNormConfig:
     """The GPU's pick between a cluster ("dsmem") and a grid group ("semaphore").
 
-    A group costs more per row block (its statistics go through global memory
-    and semaphores: measured 11-22 us per round for groups of 2-8 on the H200,
-    K = 4096) but can use every SM, where clusters of 4 or 8 leave 12 idle. So a
-    group is taken when it needs at most 2/3 of the rounds (row blocks per
-    cluster or group) that clusters need. H200, K = 4096, RMS: 4096 x 1024 59
-    vs 91 us, 8192 x 1024 115 vs 138, 4096 x 2048 133 vs 139 (taken);
-    8192 x 2048 265 vs 229, 8192 x 512 56 vs 51, rows of 4096 732 vs 570 and
-    357 vs 308 (not taken).
+    A group's statistics go through global memory and semaphores, a few
+    microseconds more per row block than a cluster's DSMEM, but groups need
+    not fit in a GPC: they use every SM where clusters of 4 or 8 leave 12 of
+    the H200's 132 idle, and rows of 4096 keep 128 x 256 tiles. So a group is
+    taken whenever it needs fewer rounds (row blocks per cluster or group).
+    H200, K = 4096, RMS, one run: group vs cluster 434 vs 574 us (8192 x
+    4096), 191 vs 230 (8192 x 2048), 96 vs 138 (8192 x 1024), 218 vs 309
+    (4096 x 4096), 97 vs 138 (4096 x 2048), 51 vs 91 (4096 x 1024); at equal
+    rounds the cluster: 51 vs 53 (8192 x 512).
     """
     cluster = select_config(m, k, n, dtype, kind=kind, transport="dsmem", num_sms=num_sms)
     try:
@@ -218,7 +219,7 @@ def select_gpu_config(
     except ValueError:
         return cluster
     rounds = [pl.cdiv(m // c.tile_m, grid_size(c, m // c.tile_m)) for c in (cluster, group)]
-    return group if 3 * rounds[1] <= 2 * rounds[0] else cluster
+    return group if rounds[1] < rounds[0] else cluster
 
 
 def select_config(
@@ -269,8 +270,8 @@ def select_config(
                                     # slower with 64-row ones (670 vs 572 us,
                                     # 8192x4096x4096): off by default.
                                     multicast=False,
-                                    # Measured slower at 6 of 7 shapes (H200,
-                                    # K = 4096, groups): off by default.
+                                    # Measured slower at 13 of 14 H200 shapes
+                                    # (groups, K = 4096): off by default.
                                     overlap=False)
             if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind)

@@ -192,9 +192,10 @@ def test_semaphore_transport_refuses_what_could_deadlock(rng):
 @pytest.mark.parametrize(
     "m, n, transport",
     [(4096, 1024, "semaphore"), (8192, 1024, "semaphore"), (4096, 2048, "semaphore"),
-     (8192, 2048, "dsmem"), (8192, 512, "dsmem"), (8192, 4096, "dsmem"), (4096, 4096, "dsmem")],
+     (8192, 2048, "semaphore"), (8192, 4096, "semaphore"), (4096, 4096, "semaphore"),
+     (8192, 512, "dsmem")],
 )
-def test_gpu_picks_a_grid_group_where_it_saves_a_third_of_the_rounds(m, n, transport):
+def test_gpu_picks_a_grid_group_where_it_saves_rounds(m, n, transport):
     """The picks measured fastest on the H200 (tests/gpu_norms/h200_results.md)."""
     config = pn.select_gpu_config(m, 4096, n, BF16, kind="rms", num_sms=132)
     assert config.transport == transport

@@ -178,15 +178,17 @@ def dense_layer_norm(
 
 
 # Measured on the H200 (tests/gpu_norms/h200_results.md, CUPTI, bf16,
-# K = 4096): against this package's xla path, which also returns the pre-norm
-# sum, the persistent post-norm kernel took 0.73-0.98x the time for RMSNorm at
-# N <= 2048 and 1.04-1.46x for rows of 4096 and LayerNorm; against the stock
-# `rms_norm(x @ w + b)` in bfloat16 (no pre-norm sum to write) it was slower at
-# every benchmarked shape (1.20x at 8192 x 2048, 1.49x at 8192 x 4096).
-# Automatic dispatch keeps XLA; impl="mosaic" forces the kernel.
+# K = 4096, 2026-11-30): against this package's xla path, which also returns
+# the pre-norm sum, the post-norm kernel took 0.62-0.94x the time for RMSNorm
+# (M = 4096-8192, N = 512-4096, with and without residual) but 1.23x for
+# LayerNorm with residual at 8192 x 4096. It has not been shown faster than the
+# stock `rms_norm(x @ w + b)` in bfloat16, which writes no pre-norm sum: that
+# took 190 us at 8192 x 4096 x 2048 and 379 us at 8192 x 4096 x 4096
+# (2026-11-29), the kernel 191 and 434 us. So automatic dispatch keeps XLA;
+# impl="mosaic" forces the kernel.
 _POST_NORM_NOT_FASTER = (
-    "the post-norm Mosaic kernel measured slower than a bfloat16 XLA dot + norm at every "
-    "benchmarked shape on the H200 (its cluster-wide rows idle 12 of 132 SMs); "
+    "the post-norm Mosaic kernel has not measured faster than a bfloat16 XLA dot + norm on "
+    "the H200 (191 vs 190 us at 8192x4096x2048, 434 vs 379 us at 8192x4096x4096); "
     "impl='mosaic' forces it")
 
 
