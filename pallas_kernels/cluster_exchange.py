@@ -45,7 +45,7 @@ Persistent kernels exchange once per row block (`repeated=True`). With
 "dsmem" a peer may then push round r+1 into a buffer this CTA still reads for
 round r, so each party, once done reading, arrives on every CTA's `free`
 cluster barrier, and a party waits on its own `free` before pushing the next
-round (`all_gather(..., round_index=...)`) and once more before the CTA exits
+round (`Site.round_index`) and once more before the CTA exits
 (`finish`): no remote store or arrival can then reach a CTA that has moved on
 or exited. The wait is off the critical path: the arrivals happen right after
 a round's combine, a whole K-loop before the next push. With "global" each row
@@ -89,6 +89,24 @@ class ExchangeScratch(NamedTuple):
     # every party is done reading: a cluster barrier (repeated "dsmem"), a CTA
     # barrier (overlapped), else None
     free: Any
+
+
+class Site(NamedTuple):
+    """Where one party exchanges.
+
+    Attributes:
+      party: the warpgroup's index among the CTA's parties.
+      cluster_id: the slot of its row block in the global scratch.
+      round_index: how many exchanges this CTA made before (repeated exchanges).
+      semaphores: the "semaphore" transport's semaphores (`semaphores()`), else None.
+      group: the CTA's group index along the grid axis groups are laid out on.
+    """
+
+    party: jax.Array | int
+    cluster_id: jax.Array | int
+    round_index: jax.Array | int = 0
+    semaphores: Any = None
+    group: jax.Array | int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,45 +218,32 @@ class RowStatsExchange:
         partials: Sequence[jax.Array],
         scratch: ExchangeScratch,
         gmem_scratch: Any,
-        *,
-        party: jax.Array | int,
-        cluster_id: jax.Array | int,
-        round_index: jax.Array | int = 0,
-        semaphores: Any = None,
-        group: jax.Array | int = 0,
+        site: Site,
     ) -> Any:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
         rows == 1); wait for everyone's; return the buffer that holds them.
 
         In the returned ref, [p, j] is stat j of partial p, where
         p = rank_in_cluster * parties + party, for every p. With `repeated`,
-        pass how many exchanges this CTA made before (`round_index`), call
+        `site.round_index` counts the exchanges this CTA made before; call
         `release` once done reading the partials and `finish` before exiting.
-        The "semaphore" transport also takes `semaphores` and this CTA's
-        `group` (its grid index along the axis the groups are laid out on).
         Overlapped exchanges call `publish` and `collect` apart instead.
         """
         if self.overlapped:
             raise ValueError("an overlapped exchange publishes and collects apart")
-        where = dict(party=party, cluster_id=cluster_id, round_index=round_index,
-                     semaphores=semaphores, group=group)
-        self.publish(partials, scratch, gmem_scratch, **where)
-        return self.collect(scratch, gmem_scratch, **where)
+        self.publish(partials, scratch, gmem_scratch, site)
+        return self.collect(scratch, gmem_scratch, site)
 
     def publish(
         self,
         partials: Sequence[jax.Array],
         scratch: ExchangeScratch,
         gmem_scratch: Any,
-        *,
-        party: jax.Array | int,
-        cluster_id: jax.Array | int,
-        round_index: jax.Array | int = 0,
-        semaphores: Any = None,
-        group: jax.Array | int = 0,
+        site: Site,
     ) -> None:
-        """Send this party's partials of round `round_index` and signal them; no waiting
-        on peers (an overlapped kernel collects the round after its next K-loop)."""
+        """Send this party's partials of round `site.round_index` and signal them; no
+        waiting on peers (an overlapped kernel collects the round after its next K-loop)."""
+        party, cluster_id, round_index, semaphores, group = site
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
@@ -273,15 +278,11 @@ class RowStatsExchange:
         self,
         scratch: ExchangeScratch,
         gmem_scratch: Any,
-        *,
-        party: jax.Array | int,
-        cluster_id: jax.Array | int,
-        round_index: jax.Array | int = 0,
-        semaphores: Any = None,
-        group: jax.Array | int = 0,
+        site: Site,
     ) -> Any:
-        """Wait for every party's partials of round `round_index`; return this party's
-        view of them ([partial, stat, row], as from `all_gather`)."""
+        """Wait for every party's partials of round `site.round_index`; return the buffer
+        that holds them ([partial, stat, row], as from `all_gather`)."""
+        party, cluster_id, round_index, semaphores, group = site
         if self._via_semaphores:
             rank = jax.lax.axis_index(self.axis)
             parity = jax.lax.rem(round_index, 2)

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import _gemm_core
-from pallas_kernels.cluster_exchange import RowStatsExchange, Transport
+from pallas_kernels.cluster_exchange import RowStatsExchange, Site, Transport
 from pallas_kernels.row_norm import Kind, combine_layer, combine_rms, num_stats
 
 _MAX_CLUSTER = 8  # the portable cluster size limit
@@ -428,8 +428,8 @@ def _kernel(
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(io, out_gmem.at[rows, cols])
 
-        def exchange_site(wg, m_idx, rounds) -> dict:
-            return dict(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
+        def exchange_site(wg, m_idx, rounds) -> Site:
+            return Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
                         group=lax.axis_index("m"))
 
         def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
@@ -442,7 +442,7 @@ def _kernel(
             io[...] = h.astype(dtype)
             store_staged(io, h_gmem, rows, cols)
             gathered = exchange.all_gather(row_partials(h), ex_scratch, stats_gmem,
-                                           **exchange_site(wg, m_idx, rounds))
+                                           exchange_site(wg, m_idx, rounds))
             y = normalize(h, gathered, 0, loaded)
             exchange.release(ex_scratch)
             # The staging tile is reused: h's copy must have finished reading it.
@@ -454,7 +454,7 @@ def _kernel(
             """Overlapped: normalize the staged h of block `m_idx` (exchange round
             `rounds`) in place, 64 rows at a time (the next block's accumulators
             hold their registers meanwhile), and store it as y."""
-            gathered = exchange.collect(ex_scratch, stats_gmem, **exchange_site(wg, m_idx, rounds))
+            gathered = exchange.collect(ex_scratch, stats_gmem, exchange_site(wg, m_idx, rounds))
             loaded = load_vectors(wg, rounds, landed=True)  # waited for when this block published
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # h's store has read the tile
             for row0 in range(0, tile_m, 64):
@@ -477,7 +477,7 @@ def _kernel(
             loaded = load_vectors(wg, rounds)
             h = pre_norm_sum(acc, loaded, io)
             exchange.publish(row_partials(h), ex_scratch, stats_gmem,
-                             **exchange_site(wg, m_idx, rounds))
+                             exchange_site(wg, m_idx, rounds))
             if not has_residual:
                 pl.when(rounds > 0)(previous)
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y's store has read the tile

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa
 
-from pallas_kernels.cluster_exchange import RowStatsExchange, Transport
+from pallas_kernels.cluster_exchange import RowStatsExchange, Site, Transport
 
 Kind = Literal["rms", "layer"]
 
@@ -394,9 +394,8 @@ def _kernel(
         if bm == 1:
             # Shared-memory transfers of one-element vectors do not lower; move scalars.
             partials = [jnp.sum(v, axis=0) for v in partials]
-        exchange.all_gather(
-            partials, ex_scratch, stats_gmem, party=0, cluster_id=lax.axis_index("m")
-        )
+        exchange.all_gather(partials, ex_scratch, stats_gmem,
+                            Site(party=0, cluster_id=lax.axis_index("m")))
         partial = functools.partial(_gathered_stat, ex_scratch.gathered, bm, layout.reduce(1))
     if kind == "rms":
         inv = combine_rms(partial, n, k, eps)
