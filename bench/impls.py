@@ -52,13 +52,15 @@ def register(
     return add
 
 
-def _xla_rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+def stock_rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """RMSNorm as a user writes it without jaxnorm (float32 inside, x's dtype out)."""
     xf = x.astype(jnp.float32)
     r = lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + EPS)
     return (xf * r * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def _xla_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+def stock_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    """LayerNorm as a user writes it without jaxnorm (float32 inside, x's dtype out)."""
     xf = x.astype(jnp.float32)
     centered = xf - jnp.mean(xf, axis=-1, keepdims=True)
     s = lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + EPS)
@@ -88,7 +90,7 @@ def _plain_matmul() -> Fn:
 def _xla_norm_gemm(case: Case) -> Fn:
     def fn(x: jax.Array, *args: jax.Array) -> tuple[jax.Array, ...]:
         vectors, weights = _split_norm_args(case, args)
-        y = _xla_rms_norm(x, *vectors) if case.norm == "rms" else _xla_layer_norm(x, *vectors)
+        y = stock_rms_norm(x, *vectors) if case.norm == "rms" else stock_layer_norm(x, *vectors)
         return tuple(y @ w for w in weights)
 
     return fn
@@ -133,7 +135,7 @@ def _xla_dot_norm_gemm(case: Case) -> Fn:
 
 @register("gemm_norm", "xla")
 def _xla_gemm_norm(case: Case) -> Fn:
-    return lambda x, w, bias, scale: _xla_rms_norm(x @ w + bias, scale)
+    return lambda x, w, bias, scale: stock_rms_norm(x @ w + bias, scale)
 
 
 @register("gemm_norm", "jaxnorm")
@@ -159,7 +161,7 @@ def _xla_dot_gemm_norm(case: Case) -> Fn:
 
 @register("norm", "xla")
 def _xla_norm(case: Case) -> Fn:
-    return _xla_rms_norm if case.norm == "rms" else _xla_layer_norm
+    return stock_rms_norm if case.norm == "rms" else stock_layer_norm
 
 
 @register("norm", "jaxnorm")

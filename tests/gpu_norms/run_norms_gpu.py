@@ -15,13 +15,19 @@ costs its section, not the run):
    iterations over rotating input copies that exceed the 60 MB L2 where the
    shape allows) of our kernel (heuristic config), XLA's norm, and an XLA
    elementwise copy (the bandwidth ceiling: read + write of the same bytes).
-4. post_time: post-norm kernel vs XLA's dot + norm, XLA's dot alone and our
-   plain GEMM, with and without a residual.
+4. post_time: post-norm kernel vs this package's xla path (dot + norm, which
+   also returns the float32 pre-norm sum), XLA's dot alone, our plain GEMM and
+   the stock bf16 norm(x @ w + b), with and without a residual.
 5. norm_sweep / post_sweep: other (block_m, cluster) choices; for the post-norm
    kernel persistence, multicast, wgmma overlap and pipeline depth, to check
    the heuristics.
+6. post_semaphore: grid groups bitwise against the global transport and
+   against float64; post_overlap: groups inline vs overlapped vs clusters;
+   post_anatomy: a group kernel's time with parts of its exchange removed
+   (diagnostic: outputs then wrong and unchecked).
 
-ONLY=post,post_time,post_sweep runs a subset of the sections.
+ONLY=post,post_time,post_sweep runs a subset of the sections; a section that
+times out (a hung kernel) stops the run.
 
 Prints a compact table last and writes $OUT/norms_gpu.json (plus the log).
 SMOKE=1 runs the same script on a CPU at toy sizes under the Mosaic GPU
@@ -371,6 +377,7 @@ def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True,
     """Kernel time; with baselines also XLA's dot + norm, XLA's dot alone and our plain
     GEMM (the issue's yardstick), and the share of XLA's separate norm time hidden.
     check=False times a kernel whose output is knowingly wrong (post_anatomy)."""
+    from bench.impls import stock_layer_norm, stock_rms_norm
     from jaxnorm.backends import xla as jx
     from pallas_kernels import plain_matmul
     from pallas_kernels import post_norm_matmul as pn
@@ -393,6 +400,14 @@ def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True,
                 return jx.dense_rms_norm(x, w, b, g, r, eps=1e-6)
             return jx.dense_layer_norm(x, w, b, g, nb, r, eps=1e-6)
 
+        def stock(x, r):
+            """What a user writes without jaxnorm, in bf16; h is an output only with a residual."""
+            h = jnp.dot(x, w) + b.astype(x.dtype)
+            if r is not None:
+                h = h + r
+            y = stock_rms_norm(h, g) if kind == "rms" else stock_layer_norm(h, g, nb)
+            return (y, h) if r is not None else y
+
         y, _ = kernel(*copies[0])
         err = rel_err(y, xla(*copies[0])[0])
         flops = 2 * m * k * n
@@ -403,6 +418,8 @@ def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True,
         if with_baselines:
             item["xla_norm_us"] = time_us(xla, copies)
             item["xla_dot_us"] = time_us(lambda x, r: jnp.dot(x, w), copies)
+            item["stock_us"] = time_us(stock, copies)
+            item["vs_stock"] = item["kernel_us"] / item["stock_us"]
             item["plain_us"] = time_us(
                 lambda x, r: plain_matmul.plain_matmul(x, w, interpret=SMOKE), copies)
             item["vs_xla_norm"] = item["kernel_us"] / item["xla_norm_us"]
@@ -629,7 +646,8 @@ def _row(item: dict) -> str:
         return (f"{name:58s} {item['kernel_us']:8.1f}us {item['kernel_TFLOPs']:5.0f}TF/s "
                 f"xla_norm {item['xla_norm_us']:8.1f}us dot {item['xla_dot_us']:8.1f}us "
                 f"plain {item['plain_us']:8.1f}us k/plain={item['vs_plain']:.3f} "
-                f"k/xla={item['vs_xla_norm']:.3f} hidden={item['hidden']:.2f}")
+                f"k/xla={item['vs_xla_norm']:.3f} hidden={item['hidden']:.2f} "
+                f"stock {item['stock_us']:8.1f}us k/stock={item['vs_stock']:.3f}")
     if "kernel_TFLOPs" in item:
         return f"{name:58s} {item['kernel_us']:8.1f}us {item['kernel_TFLOPs']:5.0f}TF/s"
     if "kernel_us" in item:
