@@ -29,7 +29,11 @@ With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
 of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
 128 x 256 CTA tiles in groups of 16 and every SM can work; the statistics then
 go through global memory and semaphores (`cluster_exchange`).
-`select_gpu_config` chooses between the two by the rounds each needs.
+`select_gpu_config` takes a group wherever it needs fewer rounds than clusters.
+
+With `overlap=True` (transports through global memory) a block's partials are
+collected only after the next block's K-loop, and its y normalized from the
+bf16 h left in the staging tile; off by default (measured slower).
 """
 
 from __future__ import annotations
@@ -356,7 +360,8 @@ def _kernel(
     def _scope(pipeline_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratch):
         wg = lax.axis_index("wg")
         is_compute = wg < _COMPUTE_WGS
-        semaphores = exchange.semaphores(grid_size(config, num_blocks))
+        grid = grid_size(config, num_blocks)
+        semaphores = exchange.semaphores(grid)
 
         # A CTA's columns are the same for every row block: its epilogue vectors
         # are loaded once, landing during the first K-loop.
@@ -369,7 +374,6 @@ def _kernel(
 
         layout = plgpu.Layout.WGMMA
         col_layout, row_layout = layout.reduce(0), layout.reduce(1)
-        grid = grid_size(config, num_blocks)
 
         def bcast(v: jax.Array, shape: tuple[int, int], dim: int) -> jax.Array:
             return plgpu.layout_cast(lax.broadcast_in_dim(v, shape, [dim]), layout)
