@@ -98,3 +98,14 @@ def test_post_norm_without_vectors_or_residual_lowers():
     config = pn.select_config(4096, 4096, 4096, BF16, kind="rms")
     fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)
     _lower(fn, S((4096, 4096), BF16), S((4096, 4096), BF16), None, None, None, None)
+
+
+def test_semaphore_signals_fence_once_at_gpu_scope():
+    """The grid-group exchange signals with relaxed GPU-scope reductions after one fence:
+    jax's `semaphore_signal_parallel` fences at system scope after every signal, which
+    cost 11-41 us per row block on the H200 (tests/gpu_norms/h200_results.md)."""
+    config = pn.select_config(4096, 1024, 2048, BF16, kind="rms", transport="semaphore")
+    fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)
+    text = _lower(fn, S((4096, 1024), BF16), S((1024, 2048), BF16), None, None, None, None)
+    assert "red.relaxed.gpu.global.add" in text
+    assert "fence.release.sys" not in text
