@@ -437,7 +437,8 @@ def _kernel(
                         group=lax.axis_index("m"))
 
         def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
-            """Exchange and normalize this block now (h's store overlaps the exchange)."""
+            """Exchange and normalize this block now. h's store overlaps a DSMEM exchange; the
+            global transports' publish waits for it (docs/post-norm.md, what comes next)."""
             loaded = load_vectors(wg, rounds)
             h = pre_norm_sum(acc, loaded, io)
             if not has_residual:
