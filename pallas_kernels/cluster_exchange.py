@@ -170,6 +170,11 @@ class RowStatsExchange:
     def _needs_free(self) -> bool:
         return self.repeated and self.cluster_size > 1 and not self._via_global
 
+    @property
+    def _has_free(self) -> bool:
+        # The cluster-wide `free` of repeated DSMEM rounds, or the CTA-local one of overlapped rounds.
+        return self._needs_free or self.overlapped
+
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
@@ -308,25 +313,21 @@ class RowStatsExchange:
 
     def release(self, scratch: ExchangeScratch) -> None:
         """This party is done reading `gathered` (repeated or overlapped exchanges only)."""
-        if self.overlapped:
-            plgpu.barrier_arrive(scratch.free)
-        if not self._needs_free:
+        if not self._has_free:
             return
-        if self.gpu_fences:
+        if self._needs_free and self.gpu_fences:
             _fence("fence.acq_rel.cluster;")
         plgpu.barrier_arrive(scratch.free)
 
     def finish(self, scratch: ExchangeScratch, rounds: jax.Array) -> None:
         """Observe the last round's releases, so no peer arrives on an exited CTA."""
-        if self._needs_free:
+        if self._has_free:
             pl.when(rounds > 0)(self._wait_free(scratch))
-        if self.overlapped:
-            pl.when(rounds > 0)(lambda: plgpu.barrier_wait(scratch.free))
 
     def _wait_free(self, scratch: ExchangeScratch):
         def wait() -> None:
             plgpu.barrier_wait(scratch.free)
-            if self.gpu_fences:
+            if self._needs_free and self.gpu_fences:  # peers are other CTAs of the cluster
                 _fence("fence.acq_rel.cluster;")
 
         return wait
@@ -349,7 +350,7 @@ class RowStatsExchange:
     def _gather_global(self, scratch, gmem_scratch, party, cluster_id, round_index) -> None:
         # One copy per CTA; every party waits on its completion barrier.
         if self.overlapped:  # every party must be done reading the previous round
-            pl.when(round_index > 0)(lambda: plgpu.barrier_wait(scratch.free))
+            pl.when(round_index > 0)(self._wait_free(scratch))
 
         def issue():
             plgpu.copy_gmem_to_smem(

@@ -363,11 +363,20 @@ def _kernel(
         grid = grid_size(config, num_blocks)
         semaphores = exchange.semaphores(grid)
 
+        def wg_cols(wg) -> pl.Slice:
+            """The output columns of MMA warpgroup `wg` of this CTA (the same every block)."""
+            return pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
+
+        def stage_residual(io, rows, cols, wg) -> None:
+            # The previous block's y store must be done reading the staging tile.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+
         # A CTA's columns are the same for every row block: its epilogue vectors
         # are loaded once, landing during the first K-loop.
         @pl.when(is_compute)
         def _load_vectors():
-            cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
+            cols = wg_cols(wg)
             for (vec_gmem, _), smem in zip(vectors, vec_smem):
                 plgpu.copy_gmem_to_smem(vec_gmem.at[cols], smem.at[wg], vec_barrier.at[wg],
                                         oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
@@ -455,7 +464,7 @@ def _kernel(
             io[...] = y.astype(dtype)
             store_staged(io, y_gmem, rows, cols)
 
-        def finish_staged_block(wg, cols, io, m_idx, rounds) -> None:
+        def finish_staged_block(wg, io, m_idx, rounds) -> None:
             """Overlapped: normalize the staged h of block `m_idx` (exchange round
             `rounds`) in place, 64 rows at a time (the next block's accumulators
             hold their registers meanwhile), and store it as y."""
@@ -466,19 +475,17 @@ def _kernel(
                 chunk = io.at[pl.ds(row0, 64)]
                 h = plgpu.load(chunk, layout=layout).astype(jnp.float32)
                 chunk[...] = normalize(h, gathered, row0, loaded).astype(dtype)
-            store_staged(io, y_gmem, pl.ds(m_idx * tile_m, tile_m), cols)
+            store_staged(io, y_gmem, pl.ds(m_idx * tile_m, tile_m), wg_cols(wg))
             # After store_staged's proxy fence: the next gather is an async-proxy write.
             exchange.release(ex_scratch)
 
         def epilogue_overlapped(acc, wg, cols, io, m_idx, rows, rounds):
             """Publish this block's partials, finish the previous block, stage h for the next."""
-            previous = lambda: finish_staged_block(  # noqa: E731
-                wg, cols, io, m_idx - grid, rounds - 1)
+            previous = lambda: finish_staged_block(wg, io, m_idx - grid, rounds - 1)  # noqa: E731
             if has_residual:
                 # The staging tile holds the previous block's h until it is normalized.
                 pl.when(rounds > 0)(previous)
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+                stage_residual(io, rows, cols, wg)
             loaded = load_vectors(wg, rounds)
             h = pre_norm_sum(acc, loaded, io)
             exchange.publish(row_partials(h), ex_scratch, stats_gmem,
@@ -500,12 +507,10 @@ def _kernel(
 
             def compute_context(eval_pipeline):
                 wg = lax.axis_index("wg")
-                cols = pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
+                cols = wg_cols(wg)
                 io = io_smem.at[wg]
                 if has_residual and not config.overlap:
-                    # The previous block's y store must be done reading the staging tile.
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    plgpu.copy_gmem_to_smem(residual_gmem.at[rows, cols], io, io_barrier.at[wg])
+                    stage_residual(io, rows, cols, wg)
 
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
@@ -529,8 +534,7 @@ def _kernel(
                 wg = lax.axis_index("wg")
                 last_block = lax.axis_index("m") + (_row_blocks - 1) * grid
                 pl.when(_row_blocks > 0)(lambda: finish_staged_block(
-                    wg, pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n), io_smem.at[wg],
-                    last_block, _row_blocks - 1))
+                    wg, io_smem.at[wg], last_block, _row_blocks - 1))
             exchange.finish(ex_scratch, _row_blocks)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
