@@ -204,31 +204,43 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
 # ------------------------------------------------------------ post-norm dense
 
 
-def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual):
+def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, *,
+                       pre_norm_sum: bool) -> tuple[Array, Array | None]:
     norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
-    return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual)
+    return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
+                    pre_norm_sum=pre_norm_sum)
+
+
+def _has_residual(s: _Static) -> bool:
+    return s.dtypes[5] is not None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> tuple[Array, Array]:
-    return _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual)
+def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
+    """y, or (y, pre-norm sum) with a residual; without one the sum is never written."""
+    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
+                              pre_norm_sum=_has_residual(s))
+    return (y, h) if _has_residual(s) else y
 
 
 def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
-    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual)
+    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual, pre_norm_sum=True)
     # Statistics of the h the caller sees: the backward differentiates at that point.
-    return (y, h), (x, kernel, scale, h, _row_stats(s.kind, h.astype(F32), s.eps))
+    saved = (x, kernel, scale, h, _row_stats(s.kind, h.astype(F32), s.eps))
+    return ((y, h) if _has_residual(s) else y), saved
 
 
-def _dense_norm_bwd(s: _Static, res, cotangents: tuple[Array, Array]):
+def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     """H = X W + b + R; Y = Norm(H): dH from the row rule (plus H's own cotangent), then
     dX = dH W^T, dW = X^T dH, db = colsum(dH), dR = dH."""
     x, kernel, scale, h, stats = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
-    dy, dh_out = cotangents
+    dy, dh_out = cotangents if _has_residual(s) else (cotangents, None)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
-    dh = _norm_input_grad(s.kind, rows, g * _gain(scale, 0.0)) + dh_out.astype(F32)
+    dh = _norm_input_grad(s.kind, rows, g * _gain(scale, 0.0))
+    if dh_out is not None:
+        dh = dh + dh_out.astype(F32)
     d_scale, d_norm_bias = _gain_grads(rows, g, scale is not None, norm_bias_dtype is not None)
     dh_op = dh.astype(x.dtype)  # GEMM operand in x's precision, like the forward's
     dx = matmul_f32(dh_op, kernel.T)
@@ -243,7 +255,9 @@ _dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
 
 def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
                norm_bias: Array | None, residual: Array | None, *, eps: float,
-               impl: str | None) -> tuple[Array, Array]:
-    """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm sum)."""
+               impl: str | None) -> tuple[Array, Array | None]:
+    """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
+    sum), the sum only with a residual (else None)."""
     s = _static(kind, eps, 0.0, impl, x, kernel, bias, scale, norm_bias, residual)
-    return _dense_norm(s, x, kernel, bias, scale, norm_bias, residual)
+    out = _dense_norm(s, x, kernel, bias, scale, norm_bias, residual)
+    return out if residual is not None else (out, None)

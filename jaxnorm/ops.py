@@ -186,8 +186,8 @@ def dense_rms_norm(
     y, h = autodiff.dense_norm(
         "rms", x2, w, _array(bias), _array(scale), None, res, eps=eps, impl=impl
     )
-    y, h = y.reshape(*lead, n), h.reshape(*lead, n)
-    return y if residual is None else (y, h)
+    y = y.reshape(*lead, n)
+    return y if h is None else (y, h.reshape(*lead, n))
 
 
 def dense_layer_norm(
@@ -210,5 +210,5 @@ def dense_layer_norm(
     y, h = autodiff.dense_norm(
         "layer", x2, w, _array(bias), _array(scale), _array(norm_bias), res, eps=eps, impl=impl
     )
-    y, h = y.reshape(*lead, n), h.reshape(*lead, n)
-    return y if residual is None else (y, h)
+    y = y.reshape(*lead, n)
+    return y if h is None else (y, h.reshape(*lead, n))

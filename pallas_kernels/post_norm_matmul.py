@@ -21,9 +21,12 @@ warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
 with two MMA warpgroups and a TMA warpgroup for the K-loop. The grid holds no
 more clusters than the GPU runs at once (`resident_clusters`). All CTAs of a
 cluster read the same rows of x, so on the GPU one TMA multicast can feed them
-all (`multicast`; off by default, as it measured no faster). Each MMA
-warpgroup stages one [tile_m, tile_n] tile in shared memory that carries, in
-turn, the residual in, h out and y out.
+all (`multicast`; off by default, as it measured no faster). With a
+residual, each MMA warpgroup stages one [tile_m, tile_n] tile in shared memory
+that carries, in turn, the residual in, h out and y out; without one, h and y
+leave in double-buffered 64-row pieces as in the plain GEMM, which leaves the
+pipeline the shared memory for its stages. h is written only when asked for
+(`pre_norm_sum`): the residual stream and autodiff need it, inference does not.
 
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
 of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
@@ -96,6 +99,10 @@ class PostNormConfig:
         the statistics exchange hides behind it: h waits in the staging tile
         (bf16) and y is normalized from it. Transports "global" and
         "semaphore" with cluster_n > 1.
+      epi_tile_n: width of the 64-row pieces in which h and y leave through
+        shared memory (double-buffered, as in the plain GEMM) when nothing
+        needs a whole staged tile (no residual, no overlap); 32 frees 16 KiB
+        for a deeper pipeline.
     """
 
     tile_m: int
@@ -108,6 +115,7 @@ class PostNormConfig:
     multicast: bool = False
     delay_release: int = 0
     overlap: bool = False
+    epi_tile_n: int = 64
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -118,6 +126,9 @@ class PostNormConfig:
         if not 1 <= self.cluster_n <= limit:
             raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {limit}] for "
                              f"transport={self.transport!r}")
+        if self.epi_tile_n not in (32, 64) or self.tile_n % self.epi_tile_n:
+            raise ValueError(f"epi_tile_n={self.epi_tile_n} must be 32 or 64 and divide "
+                             f"tile_n={self.tile_n}")
         if self.max_concurrent_steps < 2:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
         if self.grid_clusters is not None and self.grid_clusters < 1:
@@ -140,11 +151,21 @@ class PostNormConfig:
         return _COMPUTE_WGS * self.tile_n
 
 
-def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2) -> int:
+def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
+    """A residual (loaded during the K-loop) and overlap's deferred h need a whole staged
+    tile per warpgroup; otherwise h and y leave in double-buffered 64 x epi_tile_n pieces."""
+    return residual or config.overlap
+
+
+def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, *,
+               residual: bool = False) -> int:
     """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (counted
     as three float32 ones), exchanged partials, reduction scratch and barriers."""
     stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
-    staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
+    if stages_whole_tiles(config, residual):
+        staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
+    else:
+        staging = _COMPUTE_WGS * 2 * 64 * config.epi_tile_n * itemsize
     vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
     rows = -(-config.tile_m // 32) * 32
     partial_buffers = config.cluster_n + (config.transport != "dsmem")  # gathered (+ staging)
@@ -153,7 +174,8 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2) 
     return config.max_concurrent_steps * stage + staging + vectors + partials + scratch_and_barriers
 
 
-def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "layer") -> None:
+def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "layer", *,
+                residual: bool = False) -> None:
     """Raise ValueError naming the dimension that does not divide the tile."""
     if m % config.tile_m:
         raise ValueError(f"M={m} must be divisible by tile_m={config.tile_m}")
@@ -164,8 +186,10 @@ def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "la
             f"N={n} must equal cluster_n={config.cluster_n} x 2 warpgroups x "
             f"tile_n={config.tile_n}: a cluster covers whole output rows"
         )
-    if smem_bytes(config, kind) > _MAX_SMEM_BYTES:
-        raise ValueError(f"{config} needs {smem_bytes(config, kind)} bytes of shared memory")
+    needed = smem_bytes(config, kind, residual=residual)
+    if needed > _MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs {needed} bytes of shared memory"
+                         f"{' (with a residual)' if residual else ''}")
 
 
 def max_n() -> int:
@@ -199,11 +223,12 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
 
 
 # (tile_k, stages) by bytes in flight, 64-wide K steps first at equal depth.
-_PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
+_PIPELINES = ((64, 4), (32, 7), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
 
 
 def select_gpu_config(
-    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, num_sms: int = 132,
+    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, residual: bool = False,
+    num_sms: int = 132,
 ) -> PostNormConfig:
     """The GPU's pick between a cluster ("dsmem") and a grid group ("semaphore").
 
@@ -217,9 +242,11 @@ def select_gpu_config(
     (4096 x 4096), 97 vs 138 (4096 x 2048), 51 vs 91 (4096 x 1024); at equal
     rounds the cluster: 51 vs 53 (8192 x 512).
     """
-    cluster = select_config(m, k, n, dtype, kind=kind, transport="dsmem", num_sms=num_sms)
+    cluster = select_config(m, k, n, dtype, kind=kind, residual=residual, transport="dsmem",
+                            num_sms=num_sms)
     try:
-        group = select_config(m, k, n, dtype, kind=kind, transport="semaphore", num_sms=num_sms)
+        group = select_config(m, k, n, dtype, kind=kind, residual=residual,
+                              transport="semaphore", num_sms=num_sms)
     except ValueError:
         return cluster
     rounds = [pl.cdiv(m // c.tile_m, grid_size(c, m // c.tile_m)) for c in (cluster, group)]
@@ -227,8 +254,8 @@ def select_gpu_config(
 
 
 def select_config(
-    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, transport: Transport = "dsmem",
-    max_cluster: int | None = None, num_sms: int = 132,
+    m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, residual: bool = False,
+    transport: Transport = "dsmem", max_cluster: int | None = None, num_sms: int = 132,
 ) -> PostNormConfig:
     """Tiles per shape; ValueError (with the reason) where the kernel does not serve it.
 
@@ -238,7 +265,9 @@ def select_config(
     tiles with twice the width; wider rows need a bigger cluster than Hopper's
     portable 8. The "semaphore" transport groups CTAs of the grid instead of a
     cluster: 128-row tiles for rows up to 16 x 256 columns, and as many groups
-    as there are SMs for (every CTA must be resident).
+    as there are SMs for (every CTA must be resident). The pipeline is the
+    deepest that fits next to the epilogue's shared memory (`residual` stages
+    whole tiles); 32-wide output pieces where that is what makes it fit.
     """
     split_limit = _max_split(transport)
     max_cluster = min(max_cluster or split_limit, split_limit)
@@ -277,9 +306,11 @@ def select_config(
                                     # Measured slower at 13 of 14 H200 shapes
                                     # (groups, K = 4096): off by default.
                                     overlap=False)
-            if smem_bytes(config, kind) <= _MAX_SMEM_BYTES:
-                check_shape(m, k, n, config, kind)
-                return config
+            for epi_tile_n in (64, 32):
+                config = dataclasses.replace(config, epi_tile_n=epi_tile_n)
+                if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
+                    check_shape(m, k, n, config, kind, residual=residual)
+                    return config
     raise ValueError(
         f"no tiling serves M={m}, K={k}, N={n}: M must be a multiple of 64, K of 32 and N "
         f"of 128 with N / (2 tile_n) <= {max_cluster} CTAs"
@@ -293,6 +324,7 @@ def _kernel(
     has_scale: bool,
     has_norm_bias: bool,
     has_residual: bool,
+    store_h: bool,
     eps: float,
     config: PostNormConfig,
     exchange: RowStatsExchange,
@@ -305,7 +337,8 @@ def _kernel(
     scale_gmem = refs.pop(0) if has_scale else None
     norm_bias_gmem = refs.pop(0) if has_norm_bias else None
     residual_gmem = refs.pop(0) if has_residual else None
-    y_gmem, h_gmem = refs.pop(0), refs.pop(0)
+    y_gmem = refs.pop(0)
+    h_gmem = refs.pop(0) if store_h else None
     stats_gmem = refs.pop(0) if refs else None
     assert not refs
 
@@ -315,11 +348,16 @@ def _kernel(
     swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
     swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
-    io_swizzle = plgpu.find_swizzle(tile_n * jnp.dtype(dtype).itemsize * 8)
+    whole_tiles = stages_whole_tiles(config, has_residual)
+    piece_n = config.epi_tile_n
+    io_swizzle = plgpu.find_swizzle((tile_n if whole_tiles else piece_n)
+                                    * jnp.dtype(dtype).itemsize * 8)
     io_transforms = (
         plgpu.TilingTransform((8, io_swizzle // jnp.dtype(dtype).itemsize)),
         plgpu.SwizzleTransform(io_swizzle),
     )
+    # Per MMA warpgroup: a whole staged tile, or two 64-row pieces taking turns.
+    io_shape = (tile_m, tile_n) if whole_tiles else (2, 64, piece_n)
     rank = lax.axis_index("n") if n_cluster > 1 else 0
     cta_cols = pl.ds(rank * config.cta_n, config.cta_n)
     vectors = [(v, g) for v, g in ((bias_gmem, "bias"), (scale_gmem, "scale"),
@@ -350,7 +388,7 @@ def _kernel(
     @functools.partial(
         pl.run_scoped,
         pipeline_allocs=pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
-        io_smem=plgpu.SMEM((_COMPUTE_WGS, tile_m, tile_n), dtype, transforms=io_transforms),
+        io_smem=plgpu.SMEM((_COMPUTE_WGS, *io_shape), dtype, transforms=io_transforms),
         vec_smem=[plgpu.SMEM((_COMPUTE_WGS, tile_n), v.dtype) for v, _ in vectors],
         io_barrier=plgpu.Barrier(num_barriers=_COMPUTE_WGS),
         vec_barrier=plgpu.Barrier(num_arrivals=max(len(vectors), 1), num_barriers=_COMPUTE_WGS),
@@ -441,28 +479,49 @@ def _kernel(
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(io, out_gmem.at[rows, cols])
 
+        def store_tile(value, io, out_gmem, rows, cols, first_piece: int = 0) -> int:
+            """Write a warpgroup's [tile_m, tile_n] float32 `value` to out_gmem[rows, cols]
+            through `io`: whole, or piece by piece through its two slots (numbering
+            from `first_piece`, as the plain GEMM's epilogue). Returns the next piece."""
+            if whole_tiles:
+                # The previous store from the staging tile must be done reading it.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                io[...] = value.astype(dtype)
+                store_staged(io, out_gmem, rows, cols)
+                return first_piece
+            if first_piece == 0:  # the previous block's last pieces must have been read
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            piece = first_piece
+            for r in range(0, tile_m, 64):
+                for c in range(0, tile_n, piece_n):
+                    slot = io.at[piece % 2]
+                    # The store issued two pieces ago read this slot; wait until it has.
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                    slot[...] = value[r:r + 64, c:c + piece_n].astype(dtype)
+                    store_staged(slot, out_gmem, pl.ds(rows.start + r, 64),
+                                 pl.ds(cols.start + c, piece_n))
+                    piece += 1
+            return piece
+
         def exchange_site(wg, m_idx, rounds) -> Site:
             return Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
                         group=lax.axis_index("m"))
 
         def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
-            """Exchange and normalize this block now. h's store overlaps a DSMEM exchange; the
-            global transports' publish waits for it (docs/post-norm.md, what comes next)."""
+            """Publish this block's partials, store h while the peers' arrive, collect
+            them and normalize. Publishing first keeps h's store out of the global
+            transports' publish, which waits for its own TMA writes to land."""
             loaded = load_vectors(wg, rounds)
             h = pre_norm_sum(acc, loaded, io)
-            if not has_residual:
-                # The previous block's y store must be done reading the staging tile.
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            io[...] = h.astype(dtype)
-            store_staged(io, h_gmem, rows, cols)
-            gathered = exchange.all_gather(row_partials(h), ex_scratch, stats_gmem,
-                                           exchange_site(wg, m_idx, rounds))
+            site = exchange_site(wg, m_idx, rounds)
+            exchange.publish(row_partials(h), ex_scratch, stats_gmem, site)
+            piece = 0
+            if store_h:
+                piece = store_tile(h, io, h_gmem, rows, cols)
+            gathered = exchange.collect(ex_scratch, stats_gmem, site)
             y = normalize(h, gathered, 0, loaded)
             exchange.release(ex_scratch)
-            # The staging tile is reused: h's copy must have finished reading it.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            io[...] = y.astype(dtype)
-            store_staged(io, y_gmem, rows, cols)
+            store_tile(y, io, y_gmem, rows, cols, piece)
 
         def finish_staged_block(wg, io, m_idx, rounds) -> None:
             """Overlapped: normalize the staged h of block `m_idx` (exchange round
@@ -494,7 +553,8 @@ def _kernel(
                 pl.when(rounds > 0)(previous)
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y's store has read the tile
             io[...] = h.astype(dtype)
-            store_staged(io, h_gmem, rows, cols)
+            if store_h:
+                store_staged(io, h_gmem, rows, cols)
 
         epilogue = epilogue_overlapped if config.overlap else epilogue_inline
 
@@ -550,13 +610,16 @@ def post_norm_matmul(
     kind: Kind,
     eps: float,
     config: PostNormConfig,
+    pre_norm_sum: bool = True,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array | None]:
     """(Norm(x @ w + bias [+ residual]) * scale [+ norm_bias], the pre-norm sum), both in x.dtype.
 
     x [M, K] and w [K, N] share a 16-bit dtype; residual is [M, N] in that dtype;
     bias, scale, norm_bias are [N] vectors of any float dtype (norm_bias only
-    for LayerNorm).
+    for LayerNorm). With pre_norm_sum=False the sum is not written (None): a
+    kernel cannot drop an unused output the way XLA does, and h is as many
+    bytes as y.
     """
     m, k = x.shape
     k2, n = w.shape
@@ -566,7 +629,7 @@ def post_norm_matmul(
         raise ValueError(f"residual must be {(m, n)} {x.dtype}; got {residual.shape} {residual.dtype}")
     if kind == "rms" and norm_bias is not None:
         raise ValueError("RMSNorm takes no norm_bias")
-    check_shape(m, k, n, config, kind)
+    check_shape(m, k, n, config, kind, residual=residual is not None)
     if interpret and config.multicast:
         raise ValueError("the interpreter cannot run the multicast (cluster-collective barriers)")
     num_blocks = m // config.tile_m
@@ -589,7 +652,7 @@ def post_norm_matmul(
         repeated=True,
         overlapped=config.overlap,
     )
-    out_type = [jax.ShapeDtypeStruct((m, n), x.dtype), jax.ShapeDtypeStruct((m, n), x.dtype)]
+    out_type = [jax.ShapeDtypeStruct((m, n), x.dtype)] * (2 if pre_norm_sum else 1)
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:
         out_type.append(stats)
     body = functools.partial(
@@ -599,6 +662,7 @@ def post_norm_matmul(
         has_scale=scale is not None,
         has_norm_bias=norm_bias is not None,
         has_residual=residual is not None,
+        store_h=pre_norm_sum,
         eps=float(eps),
         config=config,
         exchange=exchange,
@@ -622,5 +686,5 @@ def post_norm_matmul(
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
     )
     args = [a for a in (x, w, bias, scale, norm_bias, residual) if a is not None]
-    y, h, *_ = call(*args)
-    return y, h
+    outs = call(*args)
+    return outs[0], outs[1] if pre_norm_sum else None

@@ -76,19 +76,33 @@ POST_NORM_SHAPES = [(8192, 4096, 4096), (4096, 4096, 2048), (2048, 4096, 3072), 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("transport", ["dsmem", "global", "semaphore"])
 def test_post_norm_matmul_lowers(m, k, n, kind, transport):
-    config = pn.select_config(m, k, n, BF16, kind=kind, transport=transport)
+    """With a residual: whole staged tiles, and h written."""
+    config = pn.select_config(m, k, n, BF16, kind=kind, residual=True, transport=transport)
     fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)
     vec = S((n,), jnp.float32)
     norm_bias = vec if kind == "layer" else None
     _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, norm_bias, S((m, n), BF16))
 
 
+@pytest.mark.parametrize("m, k, n", [(8192, 4096, 4096), (8192, 4096, 2048), (8192, 4096, 1024),
+                                     (8192, 4096, 512)])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_post_norm_gpu_pick_in_pieces_lowers(m, k, n, kind):
+    """What impl="mosaic" runs outside autodiff without a residual: 64-row output pieces, no
+    h, and the deepest pipeline the smem model allows, which the lowering's budget confirms."""
+    config = pn.select_gpu_config(m, k, n, BF16, kind=kind)
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config,
+                           pre_norm_sum=False)
+    vec = S((n,), jnp.float32)
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None, None)
+
+
 def test_post_norm_multicast_lowers():
     """The x multicast (off by default) stays compilable."""
     import dataclasses
 
-    config = dataclasses.replace(pn.select_config(4096, 4096, 2048, BF16, kind="layer"),
-                                 multicast=True)
+    config = dataclasses.replace(
+        pn.select_config(4096, 4096, 2048, BF16, kind="layer", residual=True), multicast=True)
     fn = functools.partial(pn.post_norm_matmul, kind="layer", eps=1e-6, config=config)
     vec = S((2048,), jnp.float32)
     _lower(fn, S((4096, 4096), BF16), S((4096, 2048), BF16), vec, vec, vec, S((4096, 2048), BF16))

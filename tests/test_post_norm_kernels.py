@@ -61,9 +61,10 @@ def test_dense_layer_norm_matches_reference(rng, bias_mean):
     assert_race_free()
 
 
-def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False) -> None:
-    """Run the kernel directly (with `vectors`: bias and gain) and check y and h against
-    float64."""
+def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False,
+                   pre_norm_sum: bool = True) -> None:
+    """Run the kernel directly (with `vectors`: bias and gain) and check y and h (unless
+    not asked for: then it must be None) against float64."""
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
     r = rng.standard_normal((m, n)).astype(BF16) if residual else None
@@ -73,8 +74,10 @@ def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool 
                                None if bias is None else jnp.asarray(bias),
                                jnp.asarray(gain) if vectors else None, None,
                                None if r is None else jnp.asarray(r), kind=kind,
-                               eps=1e-6, config=config, interpret=True)
+                               eps=1e-6, config=config, pre_norm_sum=pre_norm_sum,
+                               interpret=True)
     assert_race_free()
+    assert (h is not None) == pre_norm_sum
     h64 = ref.pre_norm_sum(x, w, bias, residual=r)
     h_err = tol.dense_tolerance(ref.f64(x), ref.f64(w), h64, BF16, F32)
     if kind == "rms":
@@ -87,7 +90,7 @@ def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool 
         terms = tol.centred_terms(y64)
     t_y = tol.post_norm_tolerance(h_err, inv, gain, terms, y64, BF16)
     t_h = h_err + tol.unit_roundoff(BF16) * np.abs(h64) + tol.tiny(BF16)
-    for name, got, want, t in (("y", y, y64, t_y), ("h", h, h64, t_h)):
+    for name, got, want, t in (("y", y, y64, t_y), ("h", h, h64, t_h))[:1 + pre_norm_sum]:
         err = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - want)
         assert np.all(err <= t), f"{name}: worst error/tolerance {np.max(err / t):.2f}"
 
@@ -114,6 +117,31 @@ def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, r
                                max_concurrent_steps=2, transport="global",
                                grid_clusters=grid_clusters, overlap=overlap)
     _run_and_check(rng, kind, 192, 128, 256, config, residual=residual, vectors=True)
+
+
+@pytest.mark.parametrize("pre_norm_sum", [True, False], ids=["h", "no-h"])
+@pytest.mark.parametrize(
+    "kind, tile_n, epi_tile_n",
+    [("rms", 128, 64), ("layer", 128, 32), ("rms", 64, 32)],
+    ids=["rms-64-pieces", "layer-32-pieces", "rms-narrow-tile"],
+)
+def test_pieces_through_two_slots_over_several_blocks(rng, kind, tile_n, epi_tile_n,
+                                                     pre_norm_sum):
+    """Without a residual, h and y leave 64 x epi_tile_n at a time through two alternating
+    slots (2-8 pieces per tile), continuing across h, y and row blocks; h only if asked."""
+    config = pn.PostNormConfig(tile_m=128, tile_n=tile_n, cluster_n=2, tile_k=64,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               epi_tile_n=epi_tile_n)
+    _run_and_check(rng, kind, 256, 64, 4 * tile_n, config, residual=False, vectors=True,
+                   pre_norm_sum=pre_norm_sum)
+
+
+def test_residual_keeps_whole_staged_tiles_without_h(rng):
+    """A residual stages whole tiles; with pre_norm_sum=False only y is written."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=64,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1)
+    _run_and_check(rng, "rms", 128, 64, 256, config, residual=True, vectors=True,
+                   pre_norm_sum=False)
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])

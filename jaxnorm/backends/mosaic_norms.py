@@ -114,8 +114,9 @@ def _post_norm(
     norm_bias: Array | None,
     residual: Array | None,
     eps: float,
+    pre_norm_sum: bool,
     interpret: bool,
-) -> tuple[Array, Array]:
+) -> tuple[Array, Array | None]:
     m, k = x.shape
     n = kernel.shape[1]
     if m == 0:
@@ -129,12 +130,14 @@ def _post_norm(
     try:
         if interpret:
             config = post_norm_matmul.select_config(
-                padded_m, k, n, x.dtype, kind=kind, transport="global",
+                padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
+                transport="global",
                 max_cluster=_INTERPRET_MAX_CLUSTER, num_sms=_num_sms(interpret),
             )
         else:
             config = post_norm_matmul.select_gpu_config(
-                padded_m, k, n, x.dtype, kind=kind, num_sms=_num_sms(interpret))
+                padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
+                num_sms=_num_sms(interpret))
     except ValueError as reason:
         raise Unsupported(str(reason)) from None
     if padded_m != m:
@@ -143,9 +146,9 @@ def _post_norm(
         residual = None if residual is None else jnp.pad(residual, pad)
     y, h = post_norm_matmul.post_norm_matmul(
         x, kernel, bias, scale, norm_bias, residual, kind=kind, eps=eps, config=config,
-        interpret=interpret,
+        pre_norm_sum=pre_norm_sum, interpret=interpret,
     )
-    return y[:m], h[:m]
+    return y[:m], None if h is None else h[:m]
 
 
 @register("dense_rms_norm", "mosaic")
@@ -157,9 +160,11 @@ def dense_rms_norm(
     residual: Array | None,
     *,
     eps: float,
+    pre_norm_sum: bool = True,
     interpret: bool,
-) -> tuple[Array, Array]:
-    return _post_norm("rms", x, kernel, bias, scale, None, residual, eps, interpret)
+) -> tuple[Array, Array | None]:
+    return _post_norm("rms", x, kernel, bias, scale, None, residual, eps, pre_norm_sum,
+                      interpret)
 
 
 @register("dense_layer_norm", "mosaic")
@@ -172,9 +177,11 @@ def dense_layer_norm(
     residual: Array | None,
     *,
     eps: float,
+    pre_norm_sum: bool = True,
     interpret: bool,
-) -> tuple[Array, Array]:
-    return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, interpret)
+) -> tuple[Array, Array | None]:
+    return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, pre_norm_sum,
+                      interpret)
 
 
 # Measured on the H200 (tests/gpu_norms/h200_results.md, CUPTI, bf16,

@@ -118,11 +118,13 @@ def dense_rms_norm(
     residual: Array | None,
     *,
     eps: float,
-) -> tuple[Array, Array]:
-    """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum), the sum kept in float32 until the end."""
+    pre_norm_sum: bool = True,
+) -> tuple[Array, Array | None]:
+    """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum kept in float32
+    until the end."""
     h = _pre_norm_sum(x, kernel, bias, residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
-    return y.astype(x.dtype), h.astype(x.dtype)
+    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
 
 
 @register("dense_layer_norm", "xla")
@@ -135,10 +137,11 @@ def dense_layer_norm(
     residual: Array | None,
     *,
     eps: float,
-) -> tuple[Array, Array]:
+    pre_norm_sum: bool = True,
+) -> tuple[Array, Array | None]:
     h = _pre_norm_sum(x, kernel, bias, residual)
     centered, inv_std = statistics.centered_and_inverse_std(h, eps)
     y = centered * inv_std[:, None] * _gain(scale, 0.0)
     if norm_bias is not None:
         y = y + norm_bias.astype(jnp.float32)
-    return y.astype(x.dtype), h.astype(x.dtype)
+    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None

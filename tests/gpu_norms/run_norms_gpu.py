@@ -17,9 +17,10 @@ costs its section, not the run):
    elementwise copy (the bandwidth ceiling: read + write of the same bytes).
 4. post_time: post-norm kernel vs this package's xla path (dot + norm, which
    also returns the float32 pre-norm sum), XLA's dot alone, our plain GEMM and
-   the stock bf16 norm(x @ w + b), with and without a residual.
+   the stock bf16 norm(x @ w + b), with and without a residual (the kernel
+   writes h only with one, as the ops do outside autodiff).
 5. norm_sweep / post_sweep: other (block_m, cluster) choices; for the post-norm
-   kernel persistence, multicast, wgmma overlap and pipeline depth, to check
+   kernel pipeline depth, output pieces and the cost of writing h, to check
    the heuristics.
 6. post_semaphore: grid groups bitwise against the global transport and
    against float64; post_overlap: groups inline vs overlapped vs clusters;
@@ -373,10 +374,15 @@ def section_norm_sweep(sec: Section) -> None:
                        config, False)
 
 
-def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True, check=True):
+def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True, check=True,
+               pre_norm_sum=None):
     """Kernel time; with baselines also XLA's dot + norm, XLA's dot alone and our plain
     GEMM (the issue's yardstick), and the share of XLA's separate norm time hidden.
-    check=False times a kernel whose output is knowingly wrong (post_anatomy)."""
+    The kernel writes h only with a residual, as the ops do outside autodiff (unless
+    `pre_norm_sum` says otherwise). check=False times a kernel whose output is
+    knowingly wrong (post_anatomy)."""
+    if pre_norm_sum is None:
+        pre_norm_sum = residual
     from bench.impls import stock_layer_norm, stock_rms_norm
     from jaxnorm.backends import xla as jx
     from pallas_kernels import plain_matmul
@@ -393,7 +399,7 @@ def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True,
 
         def kernel(x, r):
             return pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=config,
-                                       interpret=SMOKE)
+                                       pre_norm_sum=pre_norm_sum, interpret=SMOKE)
 
         def xla(x, r):
             if kind == "rms":
@@ -412,7 +418,7 @@ def _time_post(sec, label, m, k, n, kind, config, with_baselines, residual=True,
         err = rel_err(y, xla(*copies[0])[0])
         flops = 2 * m * k * n
         item = dict(m=m, k=k, n=n, kind=kind, residual=residual, config=str(config),
-                    rel_err_vs_xla=err)
+                    pre_norm_sum=pre_norm_sum, rel_err_vs_xla=err)
         item["kernel_us"] = time_us(kernel, copies)
         item["kernel_TFLOPs"] = flops / item["kernel_us"] / 1e6
         if with_baselines:
@@ -445,54 +451,53 @@ def section_post_time(sec: Section) -> None:
     for (m, k, n), kind, residual in cases:
         mm, kk, nn = post_size(m, k, n)
         if SMOKE:
-            config = pn.select_config(mm, kk, nn, BF16, kind=kind, transport=transport(),
-                                      max_cluster=max_cluster())
+            config = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                      transport=transport(), max_cluster=max_cluster())
         else:  # what impl="mosaic" runs: a cluster or a grid group
-            config = pn.select_gpu_config(mm, kk, nn, BF16, kind=kind)
+            config = pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual)
         label = f"time post {kind} {m}x{k}x{n}{' +res' if residual else ''}"
         _time_post(sec, label, mm, kk, nn, kind, config, True, residual)
 
 
-# (M, K, N): variants of the heuristic's pick, by the config fields they change.
+# (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
+# change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
+_PIPELINE_VARIANTS = {"64x3": dict(tile_k=64, max_concurrent_steps=3),
+                      "32x7": dict(tile_k=32, max_concurrent_steps=7),
+                      "32x5": dict(tile_k=32, max_concurrent_steps=5),
+                      "64x4 pieces 32": dict(tile_k=64, max_concurrent_steps=4, epi_tile_n=32)}
 POST_SWEEP = {
-    (8192, 4096, 1024): {"grid 33": dict(grid_clusters=33), "grid 30": dict(grid_clusters=30)},
-    (8192, 4096, 512): {"grid 66": dict(grid_clusters=66), "grid 60": dict(grid_clusters=60)},
-    (8192, 4096, 2048): {
-        "64-row tiles": dict(tile_m=64, tile_n=128),
-        "no multicast": dict(multicast=False),
-        "one cluster per block": dict(grid_clusters=None),
-    },
-    (4096, 4096, 2048): {"64-row tiles": dict(tile_m=64, tile_n=128)},
-    (8192, 4096, 4096): {"no multicast": dict(multicast=False), "grid 14": dict(grid_clusters=14)},
+    (8192, 4096, 4096): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 2048): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 1024): {"with h": {}},
 }
 
 
 def section_post_sweep(sec: Section) -> None:
-    """Cluster residency, tile shape and multicast around the heuristic's pick."""
+    """Pipeline depth and output pieces around the GPU pick, and the cost of writing h."""
     import dataclasses
 
     from pallas_kernels import post_norm_matmul as pn
 
     for (m, k, n), variants in POST_SWEEP.items():
         mm, kk, nn = post_size(m, k, n)
-        base = pn.select_config(mm, kk, nn, BF16, kind="rms", transport=transport(),
-                                max_cluster=max_cluster())
-        _time_post(sec, f"sweep post rms {m}x{k}x{n} heuristic", mm, kk, nn, "rms", base,
+        if SMOKE:
+            base = pn.select_config(mm, kk, nn, BF16, kind="rms", transport=transport(),
+                                    max_cluster=max_cluster())
+        else:
+            base = pn.select_gpu_config(mm, kk, nn, BF16, kind="rms")
+        _time_post(sec, f"sweep post rms {m}x{k}x{n} pick", mm, kk, nn, "rms", base,
                    False, False)
         for name, knobs in variants.items():
-            if SMOKE:
-                knobs = {key: v for key, v in knobs.items() if key not in ("multicast", "tile_m",
-                                                                           "tile_n")}
-                knobs = {key: min(v, 2) if key == "grid_clusters" and v else v
-                         for key, v in knobs.items()}
             try:
                 config = dataclasses.replace(base, **knobs)
                 pn.check_shape(mm, kk, nn, config, "rms")
             except ValueError as e:
                 sec.add(dict(name=f"sweep {m}x{k}x{n} {name}", skipped=str(e)))
                 continue
+            if config == base and name != "with h":
+                continue  # the pick itself
             _time_post(sec, f"sweep post rms {m}x{k}x{n} {name}", mm, kk, nn, "rms", config,
-                       False, False)
+                       False, False, pre_norm_sum=name == "with h")
 
 
 def section_post_semaphore(sec: Section) -> None:
@@ -512,11 +517,17 @@ def section_post_semaphore(sec: Section) -> None:
             g = rand(rng, (n,), jnp.float32, 0.2, 1.0)
             r = rand(rng, (m, n)) if residual else None
             nb = b if kind == "layer" else None
-            sem = pn.select_config(m, k, n, BF16, kind=kind, transport="semaphore")
-            glob = dataclasses.replace(pn.select_config(m, k, n, BF16, kind=kind, transport="global"),
-                                       grid_clusters=None)
+            sem = pn.select_config(m, k, n, BF16, kind=kind, residual=residual,
+                                   transport="semaphore")
+            glob = dataclasses.replace(
+                pn.select_config(m, k, n, BF16, kind=kind, residual=residual, transport="global"),
+                grid_clusters=None)
             outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c)
                     for c in (sem, glob)]
+            y_only, no_h = pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6,
+                                               config=sem, pre_norm_sum=False)
+            assert no_h is None and bool(jnp.all(y_only == outs[0][0])), \
+                "y differs when h is not written"
             # Same tiles: the same partials combined in the same order, so bitwise equal.
             # (Rows of 4096 take 64 x 512 tiles in a cluster but 128 x 256 in a group.)
             same_tiles = (sem.tile_m, sem.tile_n) == (glob.tile_m, glob.tile_n)
@@ -566,16 +577,18 @@ def section_post_overlap(sec: Section) -> None:
         mm, kk, nn = post_size(m, k, n)
         tag = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
         if SMOKE:
-            base = pn.select_config(mm, kk, nn, BF16, kind=kind, transport="global",
-                                    max_cluster=2)
+            base = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                    transport="global", max_cluster=2)
             _time_post(sec, f"overlap {tag}", mm, kk, nn, kind, base, True, residual)
             continue
-        group = pn.select_config(mm, kk, nn, BF16, kind=kind, transport="semaphore")
+        group = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                 transport="semaphore")
         _time_post(sec, f"group {tag} inline", mm, kk, nn, kind, group, True, residual)
         if group.cluster_n > 1:
             _time_post(sec, f"group {tag} overlap", mm, kk, nn, kind,
                        dataclasses.replace(group, overlap=True), False, residual)
-        cluster = pn.select_config(mm, kk, nn, BF16, kind=kind, transport="dsmem")
+        cluster = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                   transport="dsmem")
         _time_post(sec, f"cluster {tag}", mm, kk, nn, kind, cluster, False, residual)
 
 
