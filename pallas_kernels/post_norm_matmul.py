@@ -58,6 +58,7 @@ _MAX_CLUSTER = 8  # the portable cluster size limit
 # CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
 _MAX_GROUP = 16
 _COMPUTE_WGS = 2
+_PIECE = 64  # output pieces are _PIECE x _PIECE (rows x columns)
 _MAX_SMEM_BYTES = 227 * 1024  # per CTA on Hopper
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # (tile_m, tile_n) per MMA warpgroup in order of preference: 128 x 128 (the
@@ -99,10 +100,6 @@ class PostNormConfig:
         the statistics exchange hides behind it: h waits in the staging tile
         (bf16) and y is normalized from it. Transports "global" and
         "semaphore" with cluster_n > 1.
-      epi_tile_n: width of the 64-row pieces in which h and y leave through
-        shared memory (double-buffered, as in the plain GEMM) when nothing
-        needs a whole staged tile (no residual, no overlap); 32 frees 16 KiB
-        for a deeper pipeline.
     """
 
     tile_m: int
@@ -115,7 +112,6 @@ class PostNormConfig:
     multicast: bool = False
     delay_release: int = 0
     overlap: bool = False
-    epi_tile_n: int = 64
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -126,9 +122,6 @@ class PostNormConfig:
         if not 1 <= self.cluster_n <= limit:
             raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {limit}] for "
                              f"transport={self.transport!r}")
-        if self.epi_tile_n not in (32, 64) or self.tile_n % self.epi_tile_n:
-            raise ValueError(f"epi_tile_n={self.epi_tile_n} must be 32 or 64 and divide "
-                             f"tile_n={self.tile_n}")
         if self.max_concurrent_steps < 2:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
         if self.grid_clusters is not None and self.grid_clusters < 1:
@@ -153,7 +146,8 @@ class PostNormConfig:
 
 def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
     """A residual (loaded during the K-loop) and overlap's deferred h need a whole staged
-    tile per warpgroup; otherwise h and y leave in double-buffered 64 x epi_tile_n pieces."""
+    tile per warpgroup; otherwise h and y leave in double-buffered 64 x 64 pieces, as in the
+    plain GEMM (32-wide pieces, to fit a fourth stage, measured slower on the H200)."""
     return residual or config.overlap
 
 
@@ -165,7 +159,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     if stages_whole_tiles(config, residual):
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
-        staging = _COMPUTE_WGS * 2 * 64 * config.epi_tile_n * itemsize
+        staging = _COMPUTE_WGS * 2 * _PIECE * _PIECE * itemsize
     vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
     rows = -(-config.tile_m // 32) * 32
     partial_buffers = config.cluster_n + (config.transport != "dsmem")  # gathered (+ staging)
@@ -222,8 +216,10 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
     return max(num_sms // cluster_n * 7 // 8, 1)
 
 
-# (tile_k, stages) by bytes in flight, 64-wide K steps first at equal depth.
-_PIPELINES = ((64, 4), (32, 7), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
+# (tile_k, stages): 64-wide K steps first, then by bytes in flight. H200, RMS, K = 4096,
+# groups: 64 x 3 beat 32 x 7 and 32 x 5 (394 vs 431 and 425 us at 8192 x 4096 x 4096;
+# 188 vs 208 and 202 at 8192 x 4096 x 2048).
+_PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
 
 
 def select_gpu_config(
@@ -267,7 +263,7 @@ def select_config(
     cluster: 128-row tiles for rows up to 16 x 256 columns, and as many groups
     as there are SMs for (every CTA must be resident). The pipeline is the
     deepest that fits next to the epilogue's shared memory (`residual` stages
-    whole tiles); 32-wide output pieces where that is what makes it fit.
+    whole tiles).
     """
     split_limit = _max_split(transport)
     max_cluster = min(max_cluster or split_limit, split_limit)
@@ -306,11 +302,9 @@ def select_config(
                                     # Measured slower at 13 of 14 H200 shapes
                                     # (groups, K = 4096): off by default.
                                     overlap=False)
-            for epi_tile_n in (64, 32):
-                config = dataclasses.replace(config, epi_tile_n=epi_tile_n)
-                if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
-                    check_shape(m, k, n, config, kind, residual=residual)
-                    return config
+            if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
+                check_shape(m, k, n, config, kind, residual=residual)
+                return config
     raise ValueError(
         f"no tiling serves M={m}, K={k}, N={n}: M must be a multiple of 64, K of 32 and N "
         f"of 128 with N / (2 tile_n) <= {max_cluster} CTAs"
@@ -349,15 +343,14 @@ def _kernel(
     swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
     whole_tiles = stages_whole_tiles(config, has_residual)
-    piece_n = config.epi_tile_n
-    io_swizzle = plgpu.find_swizzle((tile_n if whole_tiles else piece_n)
+    io_swizzle = plgpu.find_swizzle((tile_n if whole_tiles else _PIECE)
                                     * jnp.dtype(dtype).itemsize * 8)
     io_transforms = (
         plgpu.TilingTransform((8, io_swizzle // jnp.dtype(dtype).itemsize)),
         plgpu.SwizzleTransform(io_swizzle),
     )
     # Per MMA warpgroup: a whole staged tile, or two 64-row pieces taking turns.
-    io_shape = (tile_m, tile_n) if whole_tiles else (2, 64, piece_n)
+    io_shape = (tile_m, tile_n) if whole_tiles else (2, _PIECE, _PIECE)
     rank = lax.axis_index("n") if n_cluster > 1 else 0
     cta_cols = pl.ds(rank * config.cta_n, config.cta_n)
     vectors = [(v, g) for v, g in ((bias_gmem, "bias"), (scale_gmem, "scale"),
@@ -492,14 +485,14 @@ def _kernel(
             if first_piece == 0:  # the previous block's last pieces must have been read
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             piece = first_piece
-            for r in range(0, tile_m, 64):
-                for c in range(0, tile_n, piece_n):
+            for r in range(0, tile_m, _PIECE):
+                for c in range(0, tile_n, _PIECE):
                     slot = io.at[piece % 2]
                     # The store issued two pieces ago read this slot; wait until it has.
                     plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                    slot[...] = value[r:r + 64, c:c + piece_n].astype(dtype)
-                    store_staged(slot, out_gmem, pl.ds(rows.start + r, 64),
-                                 pl.ds(cols.start + c, piece_n))
+                    slot[...] = value[r:r + _PIECE, c:c + _PIECE].astype(dtype)
+                    store_staged(slot, out_gmem, pl.ds(rows.start + r, _PIECE),
+                                 pl.ds(cols.start + c, _PIECE))
                     piece += 1
             return piece
 

@@ -121,18 +121,16 @@ def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, r
 
 @pytest.mark.parametrize("pre_norm_sum", [True, False], ids=["h", "no-h"])
 @pytest.mark.parametrize(
-    "kind, tile_n, epi_tile_n",
-    [("rms", 128, 64), ("layer", 128, 32), ("rms", 64, 32)],
-    ids=["rms-64-pieces", "layer-32-pieces", "rms-narrow-tile"],
+    "kind, tile_m, tile_n",
+    [("rms", 128, 128), ("layer", 64, 256), ("rms", 64, 64)],
+    ids=["rms-4-pieces", "layer-4-pieces", "rms-1-piece"],
 )
-def test_pieces_through_two_slots_over_several_blocks(rng, kind, tile_n, epi_tile_n,
-                                                     pre_norm_sum):
-    """Without a residual, h and y leave 64 x epi_tile_n at a time through two alternating
-    slots (2-8 pieces per tile), continuing across h, y and row blocks; h only if asked."""
-    config = pn.PostNormConfig(tile_m=128, tile_n=tile_n, cluster_n=2, tile_k=64,
-                               max_concurrent_steps=2, transport="global", grid_clusters=1,
-                               epi_tile_n=epi_tile_n)
-    _run_and_check(rng, kind, 256, 64, 4 * tile_n, config, residual=False, vectors=True,
+def test_pieces_through_two_slots_over_several_blocks(rng, kind, tile_m, tile_n, pre_norm_sum):
+    """Without a residual, h and y leave 64 x 64 at a time through two alternating slots
+    (1-4 pieces per tile), continuing across h, y and row blocks; h only if asked."""
+    config = pn.PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=2, tile_k=64,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1)
+    _run_and_check(rng, kind, 2 * tile_m, 64, 4 * tile_n, config, residual=False, vectors=True,
                    pre_norm_sum=pre_norm_sum)
 
 

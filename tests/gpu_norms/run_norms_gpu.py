@@ -462,9 +462,8 @@ def section_post_time(sec: Section) -> None:
 # (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
 # change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
 _PIPELINE_VARIANTS = {"64x3": dict(tile_k=64, max_concurrent_steps=3),
-                      "32x7": dict(tile_k=32, max_concurrent_steps=7),
-                      "32x5": dict(tile_k=32, max_concurrent_steps=5),
-                      "64x4 pieces 32": dict(tile_k=64, max_concurrent_steps=4, epi_tile_n=32)}
+                      "32x6": dict(tile_k=32, max_concurrent_steps=6),
+                      "64x2": dict(tile_k=64, max_concurrent_steps=2)}
 POST_SWEEP = {
     (8192, 4096, 4096): {**_PIPELINE_VARIANTS, "with h": {}},
     (8192, 4096, 2048): {**_PIPELINE_VARIANTS, "with h": {}},
