@@ -24,9 +24,8 @@ cluster read the same rows of x, so on the GPU one TMA multicast can feed them
 all (`multicast`; off by default, as it measured no faster). With a
 residual, each MMA warpgroup stages one [tile_m, tile_n] tile in shared memory
 that carries, in turn, the residual in, h out and y out; without one, h and y
-leave in 64 x 64 pieces (double-buffered as in the plain GEMM, or through one
-slot where that buys a pipeline stage), which leaves the pipeline the shared
-memory for its stages. h is written only when asked for
+leave in double-buffered 64-row pieces as in the plain GEMM, which leaves the
+pipeline the shared memory for its stages. h is written only when asked for
 (`pre_norm_sum`): the residual stream and autodiff need it, inference does not.
 
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
@@ -101,9 +100,6 @@ class PostNormConfig:
         the statistics exchange hides behind it: h waits in the staging tile
         (bf16) and y is normalized from it. Transports "global" and
         "semaphore" with cluster_n > 1.
-      output_slots: shared-memory slots per warpgroup that the 64 x 64 output
-        pieces take turns in (no residual, no overlap): 2 stages a piece while
-        the previous one is stored; 1 frees 16 KiB for a pipeline stage.
     """
 
     tile_m: int
@@ -116,7 +112,6 @@ class PostNormConfig:
     multicast: bool = False
     delay_release: int = 0
     overlap: bool = False
-    output_slots: int = 2
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -127,8 +122,6 @@ class PostNormConfig:
         if not 1 <= self.cluster_n <= limit:
             raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {limit}] for "
                              f"transport={self.transport!r}")
-        if self.output_slots not in (1, 2):
-            raise ValueError(f"output_slots={self.output_slots} must be 1 or 2")
         if self.max_concurrent_steps < 2:
             raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
         if self.grid_clusters is not None and self.grid_clusters < 1:
@@ -153,8 +146,8 @@ class PostNormConfig:
 
 def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
     """A residual (loaded during the K-loop) and overlap's deferred h need a whole staged
-    tile per warpgroup; otherwise h and y leave in 64 x 64 pieces through `output_slots`,
-    as in the plain GEMM (32-wide pieces, to fit a fourth stage, measured slower on the H200)."""
+    tile per warpgroup; otherwise h and y leave in double-buffered 64 x 64 pieces, as in the
+    plain GEMM (32-wide pieces, to fit a fourth stage, measured slower on the H200)."""
     return residual or config.overlap
 
 
@@ -166,7 +159,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     if stages_whole_tiles(config, residual):
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
-        staging = _COMPUTE_WGS * config.output_slots * _PIECE * _PIECE * itemsize
+        staging = _COMPUTE_WGS * 2 * _PIECE * _PIECE * itemsize
     vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
     rows = -(-config.tile_m // 32) * 32
     partial_buffers = config.cluster_n + (config.transport != "dsmem")  # gathered (+ staging)
@@ -309,11 +302,9 @@ def select_config(
                                     # Measured slower at 13 of 14 H200 shapes
                                     # (groups, K = 4096): off by default.
                                     overlap=False)
-            for slots in (2, 1):  # one output slot where that fits the stage
-                config = dataclasses.replace(config, output_slots=slots)
-                if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
-                    check_shape(m, k, n, config, kind, residual=residual)
-                    return config
+            if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
+                check_shape(m, k, n, config, kind, residual=residual)
+                return config
     raise ValueError(
         f"no tiling serves M={m}, K={k}, N={n}: M must be a multiple of 64, K of 32 and N "
         f"of 128 with N / (2 tile_n) <= {max_cluster} CTAs"
@@ -359,8 +350,7 @@ def _kernel(
         plgpu.SwizzleTransform(io_swizzle),
     )
     # Per MMA warpgroup: a whole staged tile, or two 64-row pieces taking turns.
-    slots = config.output_slots
-    io_shape = (tile_m, tile_n) if whole_tiles else (slots, _PIECE, _PIECE)
+    io_shape = (tile_m, tile_n) if whole_tiles else (2, _PIECE, _PIECE)
     rank = lax.axis_index("n") if n_cluster > 1 else 0
     cta_cols = pl.ds(rank * config.cta_n, config.cta_n)
     vectors = [(v, g) for v, g in ((bias_gmem, "bias"), (scale_gmem, "scale"),
@@ -484,7 +474,7 @@ def _kernel(
 
         def store_tile(value, io, out_gmem, rows, cols, first_piece: int = 0) -> int:
             """Write a warpgroup's [tile_m, tile_n] float32 `value` to out_gmem[rows, cols]
-            through `io`: whole, or piece by piece through its slots in turn (numbering
+            through `io`: whole, or piece by piece through its two slots (numbering
             from `first_piece`, as the plain GEMM's epilogue). Returns the next piece."""
             if whole_tiles:
                 # The previous store from the staging tile must be done reading it.
@@ -497,9 +487,9 @@ def _kernel(
             piece = first_piece
             for r in range(0, tile_m, _PIECE):
                 for c in range(0, tile_n, _PIECE):
-                    slot = io.at[piece % slots]
+                    slot = io.at[piece % 2]
                     # The store issued two pieces ago read this slot; wait until it has.
-                    plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+                    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
                     slot[...] = value[r:r + _PIECE, c:c + _PIECE].astype(dtype)
                     store_staged(slot, out_gmem, pl.ds(rows.start + r, _PIECE),
                                  pl.ds(cols.start + c, _PIECE))

@@ -121,17 +121,15 @@ def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, r
 
 @pytest.mark.parametrize("pre_norm_sum", [True, False], ids=["h", "no-h"])
 @pytest.mark.parametrize(
-    "kind, tile_m, tile_n, slots",
-    [("rms", 128, 128, 2), ("layer", 64, 256, 2), ("rms", 64, 64, 2), ("layer", 128, 128, 1)],
-    ids=["rms-4-pieces", "layer-4-pieces", "rms-1-piece", "layer-1-slot"],
+    "kind, tile_m, tile_n",
+    [("rms", 128, 128), ("layer", 64, 256), ("rms", 64, 64)],
+    ids=["rms-4-pieces", "layer-4-pieces", "rms-1-piece"],
 )
-def test_pieces_through_output_slots_over_several_blocks(rng, kind, tile_m, tile_n, slots,
-                                                         pre_norm_sum):
-    """Without a residual, h and y leave 64 x 64 at a time through alternating slots (or
-    one), 1-4 pieces per tile, continuing across h, y and row blocks; h only if asked."""
+def test_pieces_through_two_slots_over_several_blocks(rng, kind, tile_m, tile_n, pre_norm_sum):
+    """Without a residual, h and y leave 64 x 64 at a time through two alternating slots
+    (1-4 pieces per tile), continuing across h, y and row blocks; h only if asked."""
     config = pn.PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=2, tile_k=64,
-                               max_concurrent_steps=2, transport="global", grid_clusters=1,
-                               output_slots=slots)
+                               max_concurrent_steps=2, transport="global", grid_clusters=1)
     _run_and_check(rng, kind, 2 * tile_m, 64, 4 * tile_n, config, residual=False, vectors=True,
                    pre_norm_sum=pre_norm_sum)
 

@@ -461,20 +461,18 @@ def section_post_time(sec: Section) -> None:
 
 # (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
 # change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
-_ONE_SLOT_OR_NOT = {"64x3 2 slots": dict(max_concurrent_steps=3, output_slots=2),
-                    "64x4 1 slot": dict(max_concurrent_steps=4, output_slots=1),
-                    "with h": {}}
+_PIPELINE_VARIANTS = {"64x3": dict(tile_k=64, max_concurrent_steps=3),
+                      "32x6": dict(tile_k=32, max_concurrent_steps=6),
+                      "64x2": dict(tile_k=64, max_concurrent_steps=2)}
 POST_SWEEP = {
-    (8192, 4096, 4096): {"64x3 1 slot": dict(output_slots=1), "with h": {}},
-    (8192, 4096, 2048): _ONE_SLOT_OR_NOT,
-    (8192, 4096, 1024): _ONE_SLOT_OR_NOT,
-    (4096, 4096, 2048): _ONE_SLOT_OR_NOT,
-    (8192, 4096, 512): _ONE_SLOT_OR_NOT,
+    (8192, 4096, 4096): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 2048): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 1024): {"with h": {}},
 }
 
 
 def section_post_sweep(sec: Section) -> None:
-    """Pipeline depth and output slots around the GPU pick, and the cost of writing h."""
+    """Pipeline depth and output pieces around the GPU pick, and the cost of writing h."""
     import dataclasses
 
     from pallas_kernels import post_norm_matmul as pn
