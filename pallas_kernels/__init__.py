@@ -10,6 +10,8 @@
 - `cluster_exchange`: the one helper that all-gathers per-row partial
   statistics in a cluster (DSMEM on the GPU, global scratch + cluster barrier
   under the interpreter).
+- `interpreter_flags`: the XLA:CPU flag the interpreter needs (set before jax
+  computes anything).
 
 Modules are imported on use (`from pallas_kernels import lazy_norm_matmul`),
 so importing this package does not import Pallas.

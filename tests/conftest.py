@@ -3,17 +3,13 @@
 import os
 import zlib
 
-# The Pallas GPU interpreter runs each warpgroup as a thread whose work is a
-# chain of host callbacks; XLA:CPU's concurrency-optimized scheduler may reorder
-# a thread's callbacks (a barrier wait before an independent store), which
-# deadlocks interpreted kernels that are correct (docs/mosaic-notes.md). Set
-# before jax creates its CPU client.
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-    os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_concurrency_optimized_scheduler=false"]))
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
+
+use_interpreter_safe_xla_flags()  # before any test runs a computation
 
 settings.register_profile(
     "ci", max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -19,6 +19,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, seed, settings
 
 import jaxnorm
+from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 from verify import checks, identities, strategies
 
 
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest hidden size drawn (interpret mode is slow: use 256)")
     parser.add_argument("--no-identities", action="store_true")
     args = parser.parse_args(argv)
+    if args.impl == "interpret":
+        use_interpreter_safe_xla_flags()
     rows = [] if args.no_identities else _identity_rows(args.examples, args.seed)
     for row in rows:
         print(f"  {row.what}: {row.examples} examples", file=sys.stderr)

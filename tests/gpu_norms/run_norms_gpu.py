@@ -51,6 +51,10 @@ import jax.numpy as jnp
 import numpy as np
 
 SMOKE = os.environ.get("SMOKE") == "1"
+if SMOKE:
+    from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
+
+    use_interpreter_safe_xla_flags()
 OUT = os.environ.get("OUT", "/tmp")
 BF16 = jnp.bfloat16
 # Section -> seconds it may take (the whole run must stay under the 300 s call limit).
