@@ -235,7 +235,7 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     dX = dH W^T, dW = X^T dH, db = colsum(dH), dR = dH."""
     x, kernel, scale, h, stats = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
-    dy, dh_out = cotangents if _has_residual(s) else (cotangents, None)
+    dy, dh_out = cotangents if residual_dtype is not None else (cotangents, None)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
     dh = _norm_input_grad(s.kind, rows, g * _gain(scale, 0.0))

@@ -24,8 +24,8 @@ Two transports, one interface (`RowStatsExchange.all_gather`):
   cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
   at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
   scratch as with "global"; instead of a cluster barrier each party increments
-  a global semaphore of every party of its group (`semaphore_signal_parallel`)
-  and waits on its own. Semaphores alternate by round parity, so a fast peer's
+  a global semaphore of every party of its group (`_signal_relaxed`, after one
+  GPU-scope fence) and waits on its own. Semaphores alternate by round parity, so a fast peer's
   next-round signal is never counted for this round. Every CTA of the grid
   must be resident at once (a waiting CTA holds its SM): the kernels launch at
   most one CTA per SM.
@@ -84,8 +84,8 @@ class ExchangeScratch(NamedTuple):
 
     gathered: Any  # [num_partials, num_stats, >= rows] float32: every party's partials
     barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA); 2 if overlapped
-    staging: Any  # [parties, num_stats, >= rows] float32 ("global" only, else None)
-    copy_barrier: Any  # TMA completion of the gather ("global" only, else None)
+    staging: Any  # [parties, num_stats, >= rows] float32 ("global", "semaphore"; else None)
+    copy_barrier: Any  # TMA completion of the gather ("global", "semaphore"; else None)
     # every party is done reading: a cluster barrier (repeated "dsmem"), a CTA
     # barrier (overlapped), else None
     free: Any
@@ -119,7 +119,8 @@ class RowStatsExchange:
       parties: warpgroups per CTA that each contribute one partial.
       num_stats: float32 numbers per row in one partial.
       rows: rows covered by one partial.
-      transport: "dsmem" (GPU) or "global" (interpreter, or GPU fallback).
+      transport: "dsmem" (GPU cluster), "global" (interpreter, or GPU fallback) or
+        "semaphore" (GPU grid group).
       gpu_fences: emit the cluster-scope fences (False under the interpreter).
       repeated: the kernel exchanges once per row block, several times per CTA.
       overlapped: round r+1 is published before round r is collected
