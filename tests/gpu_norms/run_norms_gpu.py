@@ -673,8 +673,9 @@ def section_post_overlap(sec: Section) -> None:
 
 
 def section_post_anatomy(sec: Section) -> None:
-    """Where a grid group's time goes: the same kernels with parts of the statistics
-    exchange removed (timing only: the outputs are then wrong, and not checked)."""
+    """Where a grid group's time goes: the same kernels (cooperative and ping-pong) with
+    parts of the statistics exchange removed (timing only: the outputs are then wrong, and
+    not checked)."""
     import contextlib
     import dataclasses
 
@@ -712,10 +713,13 @@ def section_post_anatomy(sec: Section) -> None:
 
     for m, k, n in ((8192, 4096, 2048), (8192, 4096, 4096), (8192, 4096, 1024)):
         base = pn.select_config(m, k, n, BF16, kind="rms", transport="semaphore")
-        for what, patches in removals.items():
-            with removed(patches):
-                _time_post(sec, f"anatomy {m}x{k}x{n} inline {what}", m, k, n, "rms", base,
-                           False, False, check=False)
+        pingpong = pn.select_config(m, k, n, BF16, kind="rms", transport="semaphore",
+                                    pingpong=True)
+        for schedule, config in (("inline", base), ("pingpong", pingpong)):
+            for what, patches in removals.items():
+                with removed(patches):
+                    _time_post(sec, f"anatomy {m}x{k}x{n} {schedule} {what}", m, k, n, "rms",
+                               config, False, False, check=False)
         # Overlap stages whole tiles: the same pipeline where that still fits.
         overlap = dataclasses.replace(base, overlap=True)
         try:
