@@ -15,15 +15,17 @@ Two transports, one interface (`RowStatsExchange.all_gather`):
   completes nobody touches its shared memory again, so one barrier phase is
   enough and no CTA can exit while a peer still reads from it.
 - "global" (what the Pallas GPU interpreter runs; it cannot run
-  `plgpu.cluster_ref`): partials go to a global scratch array through TMA,
-  the cluster barrier orders the writes before the reads, and one warpgroup
-  per CTA copies all partials of its cluster back into `gathered`.
+  `plgpu.cluster_ref`): each party stores its partials from registers into a
+  global scratch array, the cluster barrier orders the writes before the
+  reads, and every party reads its peers' partials straight from there.
 
 - "semaphore" (GPU only: the interpreter cannot allocate global semaphores):
   the CTAs sharing a row block are a *group* of a persistent grid, not a
   cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
   at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
-  scratch as with "global"; instead of a cluster barrier each party increments
+  scratch as with "global" (plain stores and loads: no TMA round trip and no
+  proxy fence; on the H200 that measured faster than staging them through
+  shared memory with TMA); instead of a cluster barrier each party increments
   a global semaphore of every party of its group (`_signal_relaxed`, after one
   GPU-scope fence) and waits on its own. Semaphores alternate by round parity, so a fast peer's
   next-round signal is never counted for this round. Every CTA of the grid
@@ -32,10 +34,10 @@ Two transports, one interface (`RowStatsExchange.all_gather`):
 
 Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
-arrive and after each wait (`gpu_fences=True`); the global transport adds
-`fence.proxy.async.global` so the TMA read sees the other CTAs' TMA writes.
-The interpreter models neither fences nor proxies, so they are emitted only
-when compiling for the GPU. On the H200 both transports gave bitwise identical
+arrive and after each wait (`gpu_fences=True`); the semaphore transport fences
+at GPU scope instead. Partials move by generic loads and stores only, so no
+proxy fence is needed. The interpreter models no fences, so they are emitted
+only when compiling for the GPU. On the H200 both transports gave bitwise identical
 results (tests/gpu_norms/h200_results.md).
 
 DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
@@ -48,9 +50,9 @@ cluster barrier, and a party waits on its own `free` before pushing the next
 round (`Site.round_index`) and once more before the CTA exits
 (`finish`): no remote store or arrival can then reach a CTA that has moved on
 or exited. The wait is off the critical path: the arrivals happen right after
-a round's combine, a whole K-loop before the next push. With "global" each row
-block has its own scratch slot, and a CTA's `gathered` is only refilled after
-every local party has arrived for the next round, so nothing more is needed.
+a round's combine, a whole K-loop before the next push. With "global" and
+"semaphore" each row block has its own scratch slot, written once and read in
+place, so nothing more is needed.
 
 Overlapped rounds (`overlapped=True`, "global" and "semaphore" only): a kernel
 that normalizes a row block only after the next block's K-loop publishes
@@ -59,9 +61,7 @@ exchange's latency hides behind a K-loop. The barriers (semaphores) then
 alternate by round parity: a party publishes round r+2 only after collecting
 round r+1, which needs every party's round r+1 publication, which each party
 makes only after it collected round r, so a parity's barrier phase (or
-semaphore count) never runs two rounds ahead of a waiter. The CTA's parties
-share one `gathered` buffer: each arrives on the local `free` barrier once it
-has read a round, and the party that issues the next gather waits on it first.
+semaphore count) never runs two rounds ahead of a waiter.
 """
 
 from __future__ import annotations
@@ -82,13 +82,11 @@ Transport = Literal["dsmem", "global", "semaphore"]
 class ExchangeScratch(NamedTuple):
     """Shared-memory refs of one exchange; build with `RowStatsExchange.smem_scratch`."""
 
-    gathered: Any  # [num_partials, num_stats, >= rows] float32: every party's partials
+    # [num_partials, num_stats, >= rows] float32: every party's partials ("dsmem", or a
+    # one-CTA cluster; the transports through global memory read them in place: None)
+    gathered: Any
     barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA); 2 if overlapped
-    staging: Any  # [parties, num_stats, >= rows] float32 ("global", "semaphore"; else None)
-    copy_barrier: Any  # TMA completion of the gather ("global", "semaphore"; else None)
-    # every party is done reading: a cluster barrier (repeated "dsmem"), a CTA
-    # barrier (overlapped), else None
-    free: Any
+    free: Any  # every party is done reading: a cluster barrier (repeated "dsmem"), else None
 
 
 class Site(NamedTuple):
@@ -164,17 +162,18 @@ class RowStatsExchange:
         return self.transport in ("global", "semaphore") and self.cluster_size > 1
 
     @property
+    def gathered_in_global(self) -> bool:
+        """`collect` returns the global scratch, which Mosaic GPU loads from only with
+        `plgpu.load(..., optimized=False)` (its optimized transfers are to SMEM)."""
+        return self._via_global
+
+    @property
     def _via_semaphores(self) -> bool:
         return self.transport == "semaphore" and self.cluster_size > 1
 
     @property
     def _needs_free(self) -> bool:
         return self.repeated and self.cluster_size > 1 and not self._via_global
-
-    @property
-    def _has_free(self) -> bool:
-        # The cluster-wide `free` of repeated DSMEM rounds, or the CTA-local one of overlapped rounds.
-        return self._needs_free or self.overlapped
 
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
@@ -190,15 +189,10 @@ class RowStatsExchange:
         free = None
         if self._needs_free:
             free = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
-        elif self.overlapped:
-            free = plgpu.Barrier(num_arrivals=self.parties)
-        return ExchangeScratch(
-            gathered=plgpu.SMEM((self.num_partials, *stats), jnp.float32),
-            barrier=barrier,
-            staging=plgpu.SMEM((self.parties, *stats), jnp.float32) if self._via_global else None,
-            copy_barrier=plgpu.Barrier() if self._via_global else None,
-            free=free,
-        )
+        gathered = None
+        if not self._via_global:
+            gathered = plgpu.SMEM((self.num_partials, *stats), jnp.float32)
+        return ExchangeScratch(gathered=gathered, barrier=barrier, free=free)
 
     def gmem_scratch(self, num_clusters: int) -> jax.ShapeDtypeStruct | None:
         """The extra kernel output the "global" transport writes partials to (else None)."""
@@ -255,7 +249,8 @@ class RowStatsExchange:
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
         if self._via_global:
-            self._publish_global(partials, scratch, gmem_scratch, party, cluster_id, slot)
+            for j, value in enumerate(partials):
+                _store(gmem_scratch.at[cluster_id], (slot, j), value)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
@@ -266,10 +261,8 @@ class RowStatsExchange:
                     pl.when(round_index > 0)(self._wait_free(scratch))
             self._publish_dsmem(partials, scratch, slot)
         if self._via_semaphores:
-            # The TMA writes of the partials are complete (`_publish_global`); make
-            # them visible at GPU scope before the relaxed semaphore increments.
+            # Make the stores visible at GPU scope before the relaxed semaphore increments.
             if self.gpu_fences:
-                _fence("fence.proxy.async.global;")
                 _fence("fence.acq_rel.gpu;")
             parity = jax.lax.rem(round_index, 2)
             _signal_relaxed([self._semaphore(semaphores, group, member, q, parity)
@@ -287,7 +280,8 @@ class RowStatsExchange:
         site: Site,
     ) -> Any:
         """Wait for every party's partials of round `site.round_index`; return the buffer
-        that holds them ([partial, stat, row], as from `all_gather`)."""
+        that holds them ([partial, stat, row], as from `all_gather`): shared memory,
+        or the global scratch for the transports through global memory."""
         party, cluster_id, round_index, semaphores, group = site
         if self._via_semaphores:
             rank = jax.lax.axis_index(self.axis)
@@ -296,15 +290,12 @@ class RowStatsExchange:
                                  self.num_partials, memory_scope="gpu")
             if self.gpu_fences:
                 _fence("fence.acq_rel.gpu;")
-                _fence("fence.proxy.async.global;")  # the gather below is a TMA read
         else:
             plgpu.barrier_wait(self._round_barrier(scratch, round_index))
             if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
-                if self._via_global:
-                    _fence("fence.proxy.async.global;")
         if self._via_global:
-            self._gather_global(scratch, gmem_scratch, party, cluster_id, round_index)
+            return gmem_scratch.at[cluster_id]
         return scratch.gathered
 
     def _round_barrier(self, scratch: ExchangeScratch, round_index) -> Any:
@@ -313,22 +304,22 @@ class RowStatsExchange:
         return scratch.barrier.at[jax.lax.rem(round_index, 2)]
 
     def release(self, scratch: ExchangeScratch) -> None:
-        """This party is done reading `gathered` (repeated or overlapped exchanges only)."""
-        if not self._has_free:
+        """This party is done reading `gathered` (repeated DSMEM exchanges only)."""
+        if not self._needs_free:
             return
-        if self._needs_free and self.gpu_fences:
+        if self.gpu_fences:
             _fence("fence.acq_rel.cluster;")
         plgpu.barrier_arrive(scratch.free)
 
     def finish(self, scratch: ExchangeScratch, rounds: jax.Array) -> None:
         """Observe the last round's releases, so no peer arrives on an exited CTA."""
-        if self._has_free:
+        if self._needs_free:
             pl.when(rounds > 0)(self._wait_free(scratch))
 
     def _wait_free(self, scratch: ExchangeScratch):
         def wait() -> None:
             plgpu.barrier_wait(scratch.free)
-            if self._needs_free and self.gpu_fences:  # peers are other CTAs of the cluster
+            if self.gpu_fences:  # peers are other CTAs of the cluster
                 _fence("fence.acq_rel.cluster;")
 
         return wait
@@ -340,32 +331,6 @@ class RowStatsExchange:
                 target = plgpu.cluster_ref(target, {self.axis: peer})
             for j, value in enumerate(partials):
                 _store(target, (slot, j), value)
-
-    def _publish_global(self, partials, scratch, gmem_scratch, party, cluster_id, slot) -> None:
-        for j, value in enumerate(partials):
-            _store(scratch.staging, (party, j), value)
-        plgpu.commit_smem()  # generic-proxy stores before the TMA (async proxy) reads them
-        plgpu.copy_smem_to_gmem(scratch.staging.at[party], gmem_scratch.at[cluster_id, slot])
-        plgpu.wait_smem_to_gmem(0)  # the writes themselves, not just the SMEM reads
-
-    def _gather_global(self, scratch, gmem_scratch, party, cluster_id, round_index) -> None:
-        # One copy per CTA; every party waits on its completion barrier.
-        if self.overlapped:  # every party must be done reading the previous round
-            pl.when(round_index > 0)(self._wait_free(scratch))
-
-        def issue():
-            plgpu.copy_gmem_to_smem(
-                gmem_scratch.at[cluster_id],
-                scratch.gathered,
-                scratch.copy_barrier,
-                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS,
-            )
-
-        if self.parties == 1:
-            issue()
-        else:
-            pl.when(party == 0)(issue)
-        plgpu.barrier_wait(scratch.copy_barrier)
 
 
 def _store(ref: Any, index: tuple, value: jax.Array) -> None:

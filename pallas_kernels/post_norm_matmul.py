@@ -169,19 +169,20 @@ def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
 
 def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, *,
                residual: bool = False) -> int:
-    """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (counted
-    as three float32 ones), exchanged partials, reduction scratch and barriers."""
+    """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (as many
+    float32 ones as `kind` takes), gathered partials (DSMEM) and barriers."""
     stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
     if stages_whole_tiles(config, residual):
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
         staging = _COMPUTE_WGS * 2 * _PIECE * _PIECE * itemsize
-    vectors = 3 * _COMPUTE_WGS * config.tile_n * 4
+    vectors = (2 if kind == "rms" else 3) * _COMPUTE_WGS * config.tile_n * 4  # bias, gain (, beta)
     rows = -(-config.tile_m // 32) * 32
-    partial_buffers = config.cluster_n + (config.transport != "dsmem")  # gathered (+ staging)
-    partials = partial_buffers * _COMPUTE_WGS * num_stats(kind) * rows * 4
-    scratch_and_barriers = 2048 + 1024 + 8 * 3 * config.max_concurrent_steps
-    return config.max_concurrent_steps * stage + staging + vectors + partials + scratch_and_barriers
+    # Partials gathered in shared memory (DSMEM); through global memory they are read in place.
+    in_smem = config.transport == "dsmem" or config.cluster_n == 1
+    partials = in_smem * config.cluster_n * _COMPUTE_WGS * num_stats(kind) * rows * 4
+    barriers = 64 + 8 * 3 * config.max_concurrent_steps
+    return config.max_concurrent_steps * stage + staging + vectors + partials + barriers
 
 
 def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "layer", *,
@@ -484,7 +485,8 @@ def _kernel(
         def normalize(h, gathered, row0: int, loaded) -> jax.Array:
             """Norm of the rows [row0, row0 + h.shape[0]) of a block from the gathered partials."""
             def partial(p: int, j: int) -> jax.Array:
-                return plgpu.load(gathered.at[p, j, pl.ds(row0, h.shape[0])], layout=row_layout)
+                return plgpu.load(gathered.at[p, j, pl.ds(row0, h.shape[0])], layout=row_layout,
+                                  optimized=not exchanges[0].gathered_in_global)
 
             num_partials = exchange.num_partials
             if kind == "rms":
@@ -759,7 +761,10 @@ def post_norm_matmul(
         **layout,
         num_threads=_COMPUTE_WGS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        # Row reductions stay inside each warp: no cross-warp reduction scratch (the
+        # default reserves 2 KiB, which a fourth 64-wide pipeline stage needs).
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
+                                             reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
     )
     args = [a for a in (x, w, bias, scale, norm_bias, residual) if a is not None]

@@ -297,11 +297,13 @@ def num_stats(kind: Kind) -> int:
     return 1 if kind == "rms" else 3
 
 
-def _gathered_stat(gathered, rows: int, row_vec_layout: plgpu.Layout, p: int, j: int) -> jax.Array:
+def _gathered_stat(gathered, rows: int, row_vec_layout: plgpu.Layout, in_global: bool, p: int,
+                   j: int) -> jax.Array:
     """Stat j of partial p for every row of the block (a scalar for one-row blocks)."""
     if rows == 1:
         return gathered[p, j, 0]
-    return plgpu.load(gathered.at[p, j, pl.ds(0, rows)], layout=row_vec_layout)
+    return plgpu.load(gathered.at[p, j, pl.ds(0, rows)], layout=row_vec_layout,
+                      optimized=not in_global)
 
 
 def _kernel(
@@ -394,9 +396,10 @@ def _kernel(
         if bm == 1:
             # Shared-memory transfers of one-element vectors do not lower; move scalars.
             partials = [jnp.sum(v, axis=0) for v in partials]
-        exchange.all_gather(partials, ex_scratch, stats_gmem,
-                            Site(party=0, cluster_id=lax.axis_index("m")))
-        partial = functools.partial(_gathered_stat, ex_scratch.gathered, bm, layout.reduce(1))
+        gathered = exchange.all_gather(partials, ex_scratch, stats_gmem,
+                                       Site(party=0, cluster_id=lax.axis_index("m")))
+        partial = functools.partial(_gathered_stat, gathered, bm, layout.reduce(1),
+                                    exchange.gathered_in_global)
     if kind == "rms":
         inv = combine_rms(partial, n, k, eps)
         shift = mu = None

@@ -123,3 +123,5 @@ def test_semaphore_signals_fence_once_at_gpu_scope():
     text = _lower(fn, S((4096, 1024), BF16), S((1024, 2048), BF16), None, None, None, None)
     assert "red.relaxed.gpu.global.add" in text
     assert "fence.release.sys" not in text
+    # Partials move by plain stores and loads: no TMA round trip, so no proxy fence.
+    assert "fence.proxy.async.global" not in text

@@ -687,8 +687,8 @@ def section_post_anatomy(sec: Section) -> None:
     def nothing(*_, **__):
         return None
 
-    def gathered_as_is(self, scratch, *_, **__):
-        return scratch.gathered
+    def gathered_as_is(self, scratch, gmem_scratch, site):
+        return scratch.gathered if scratch.gathered is not None else gmem_scratch.at[site[1]]
 
     removals = {
         "full": {},
