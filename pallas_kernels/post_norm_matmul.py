@@ -52,14 +52,11 @@ from jax import lax
 
 from pallas_kernels import _gemm_core
 from pallas_kernels.cluster_exchange import RowStatsExchange, Site, Transport
-from pallas_kernels.pingpong_ring import PingPongRing, tiles_of_warpgroup
 from pallas_kernels.row_norm import Kind, combine_layer, combine_rms, num_stats
 
 _MAX_CLUSTER = 8  # the portable cluster size limit
 # CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
 _MAX_GROUP = 16
-# Ping-pong CTAs cover half the columns (one warpgroup's): rows of 4096 in 128-wide tiles.
-_MAX_PINGPONG_GROUP = 32
 _COMPUTE_WGS = 2
 _PIECE = 64  # output pieces are _PIECE x _PIECE (rows x columns)
 _MAX_SMEM_BYTES = 227 * 1024  # per CTA on Hopper
@@ -71,11 +68,9 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _TILES = ((128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
-def _max_split(transport: Transport, pingpong: bool = False) -> int:
+def _max_split(transport: Transport) -> int:
     """CTAs that may share a row: a cluster's, or a grid group's (semaphore transport)."""
-    if transport != "semaphore":
-        return _MAX_CLUSTER
-    return _MAX_PINGPONG_GROUP if pingpong else _MAX_GROUP
+    return _MAX_GROUP if transport == "semaphore" else _MAX_CLUSTER
 
 
 def _can_multicast(tile_m: int, cluster_n: int) -> bool:
@@ -85,13 +80,13 @@ def _can_multicast(tile_m: int, cluster_n: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class PostNormConfig:
-    """Tuning knobs. A CTA computes tile_m x cta_n; `cluster_n` CTAs cover a row.
+    """Tuning knobs. A CTA computes tile_m x (2 tile_n); `cluster_n` CTAs cover a row.
 
     Attributes:
       tile_m: rows per CTA (a multiple of 64, the wgmma row tile).
       tile_n: columns per MMA warpgroup.
       cluster_n: CTAs per row block (a cluster, or a grid group with
-        transport="semaphore"); N must equal cluster_n * cta_n.
+        transport="semaphore"); N must equal cluster_n * 2 * tile_n.
       tile_k: K per pipeline step.
       max_concurrent_steps: pipeline depth (shared-memory stages).
       transport: how the row partials move between those CTAs: "dsmem" (GPU,
@@ -105,10 +100,6 @@ class PostNormConfig:
         the statistics exchange hides behind it: h waits in the staging tile
         (bf16) and y is normalized from it. Transports "global" and
         "semaphore" with cluster_n > 1.
-      pingpong: the two MMA warpgroups take turns on whole row blocks (`pingpong_ring`),
-        so one's epilogue runs under the other's K-loop; a CTA then covers tile_n
-        columns (cta_n = tile_n) instead of 2 tile_n. Transports through global
-        memory, or one CTA per row.
     """
 
     tile_m: int
@@ -121,14 +112,13 @@ class PostNormConfig:
     multicast: bool = False
     delay_release: int = 0
     overlap: bool = False
-    pingpong: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
             raise ValueError(f"tile_m={self.tile_m} must be a multiple of 64 (the wgmma M tile)")
         if self.tile_n % 64:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 64 (the swizzle width)")
-        limit = _max_split(self.transport, self.pingpong)
+        limit = _max_split(self.transport)
         if not 1 <= self.cluster_n <= limit:
             raise ValueError(f"cluster_n={self.cluster_n} must be in [1, {limit}] for "
                              f"transport={self.transport!r}")
@@ -142,12 +132,6 @@ class PostNormConfig:
             raise ValueError("overlap needs a transport through global memory ('global' or "
                              f"'semaphore') and cluster_n > 1; got {self.transport!r}, "
                              f"cluster_n={self.cluster_n}")
-        if self.pingpong and (self.overlap or self.multicast):
-            raise ValueError("pingpong hides the epilogue itself: it takes neither overlap nor "
-                             "multicast")
-        if self.pingpong and self.transport == "dsmem" and self.cluster_n > 1:
-            raise ValueError("pingpong exchanges through global memory ('global' or "
-                             "'semaphore'), or with cluster_n=1")
         if self.multicast and self.transport != "dsmem":
             raise ValueError("multicast runs only on the GPU (transport='dsmem')")
         if self.multicast and not _can_multicast(self.tile_m, self.cluster_n):
@@ -157,7 +141,7 @@ class PostNormConfig:
 
     @property
     def cta_n(self) -> int:
-        return self.tile_n if self.pingpong else _COMPUTE_WGS * self.tile_n
+        return _COMPUTE_WGS * self.tile_n
 
 
 def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
@@ -181,7 +165,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     # Partials gathered in shared memory (DSMEM); through global memory they are read in place.
     in_smem = config.transport == "dsmem" or config.cluster_n == 1
     partials = in_smem * config.cluster_n * _COMPUTE_WGS * num_stats(kind) * rows * 4
-    barriers = 64 + 8 * 3 * config.max_concurrent_steps
+    barriers = 64 + 16 * config.max_concurrent_steps
     return config.max_concurrent_steps * stage + staging + vectors + partials + barriers
 
 
@@ -193,9 +177,8 @@ def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "la
     if k % config.tile_k:
         raise ValueError(f"K={k} must be divisible by tile_k={config.tile_k}")
     if n != config.cluster_n * config.cta_n:
-        per_cta = "" if config.pingpong else " x 2 warpgroups"
         raise ValueError(
-            f"N={n} must equal cluster_n={config.cluster_n}{per_cta} x "
+            f"N={n} must equal cluster_n={config.cluster_n} x 2 warpgroups x "
             f"tile_n={config.tile_n}: a cluster covers whole output rows"
         )
     needed = smem_bytes(config, kind, residual=residual)
@@ -238,9 +221,6 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
 # groups: 64 x 3 beat 32 x 7 and 32 x 5 (394 vs 431 and 425 us at 8192 x 4096 x 4096;
 # 188 vs 208 and 202 at 8192 x 4096 x 2048).
 _PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
-# Ping-pong stages hold one warpgroup's tile (half the cooperative stage), so deeper rings fit.
-_PINGPONG_PIPELINES = ((64, 6), (64, 5), (64, 4), (64, 3), (32, 8), (32, 6), (64, 2), (32, 4),
-                       (32, 3))
 
 
 def select_gpu_config(
@@ -273,7 +253,6 @@ def select_gpu_config(
 def select_config(
     m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, residual: bool = False,
     transport: Transport = "dsmem", max_cluster: int | None = None, num_sms: int = 132,
-    pingpong: bool = False,
 ) -> PostNormConfig:
     """Tiles per shape; ValueError (with the reason) where the kernel does not serve it.
 
@@ -285,28 +264,26 @@ def select_config(
     cluster: 128-row tiles for rows up to 16 x 256 columns, and as many groups
     as there are SMs for (every CTA must be resident). The pipeline is the
     deepest that fits next to the epilogue's shared memory (`residual` stages
-    whole tiles). `pingpong` gives each warpgroup whole row blocks: a CTA covers
-    one warpgroup's tile_n columns.
+    whole tiles).
     """
-    split_limit = _max_split(transport, pingpong)
+    split_limit = _max_split(transport)
     max_cluster = min(max_cluster or split_limit, split_limit)
     if jnp.dtype(dtype) not in _SUPPORTED_DTYPES:
         raise ValueError(
             f"the post-norm kernel takes bfloat16 or float16 operands; got {jnp.dtype(dtype).name}"
             " (float32 would run the tensor cores in tf32, below the float32 contract)"
         )
-    wgs_per_row = 1 if pingpong else _COMPUTE_WGS
-    if n > max_cluster * wgs_per_row * 256:
+    if n > max_cluster * _COMPUTE_WGS * 256:
         raise ValueError(
-            f"N={n} > {max_cluster * wgs_per_row * 256}: a row must fit "
-            f"{max_cluster} CTAs x {wgs_per_row} warpgroup(s) x 256 columns"
+            f"N={n} > {max_cluster * _COMPUTE_WGS * 256}: a row must fit "
+            f"{max_cluster} CTAs x 2 warpgroups x 256 columns"
         )
     for tile_m, tile_n in _TILES:
-        cta_n = wgs_per_row * tile_n
+        cta_n = _COMPUTE_WGS * tile_n
         if n % cta_n or n // cta_n > max_cluster or m % tile_m:
             continue
         cluster_n = n // cta_n
-        for tile_k, stages in _PINGPONG_PIPELINES if pingpong else _PIPELINES:
+        for tile_k, stages in _PIPELINES:
             stages = min(stages, k // tile_k)  # no more stages than K steps
             if k % tile_k or stages < 2:
                 continue
@@ -325,13 +302,13 @@ def select_config(
                                     multicast=False,
                                     # Measured slower at 13 of 14 H200 shapes
                                     # (groups, K = 4096): off by default.
-                                    overlap=False, pingpong=pingpong)
+                                    overlap=False)
             if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind, residual=residual)
                 return config
     raise ValueError(
         f"no tiling serves M={m}, K={k}, N={n}: M must be a multiple of 64, K of 32 and N "
-        f"of 128 with N / ({wgs_per_row} tile_n) <= {max_cluster} CTAs"
+        f"of 128 with N / (2 tile_n) <= {max_cluster} CTAs"
     )
 
 
@@ -345,7 +322,7 @@ def _kernel(
     store_h: bool,
     eps: float,
     config: PostNormConfig,
-    exchanges: tuple[RowStatsExchange, ...],
+    exchange: RowStatsExchange,
     k: int,
     num_blocks: int,
 ):
@@ -401,34 +378,25 @@ def _kernel(
         )
 
     ignore = lambda *_, **__: None  # noqa: E731  (allocations do not depend on the bodies)
-    ring = PingPongRing(tile_m, tile_n, tile_k, config.max_concurrent_steps, dtype)
-    if config.pingpong:
-        k_loop_allocs = ring.allocations()
-    else:
-        k_loop_allocs = pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem)
 
     @functools.partial(
         pl.run_scoped,
-        k_loop_allocs=k_loop_allocs,
+        pipeline_allocs=pipeline(ignore, ignore).get_allocations(x_gmem, w_gmem),
         io_smem=plgpu.SMEM((_COMPUTE_WGS, *io_shape), dtype, transforms=io_transforms),
         vec_smem=[plgpu.SMEM((_COMPUTE_WGS, tile_n), v.dtype) for v, _ in vectors],
         io_barrier=plgpu.Barrier(num_barriers=_COMPUTE_WGS),
         vec_barrier=plgpu.Barrier(num_arrivals=max(len(vectors), 1), num_barriers=_COMPUTE_WGS),
-        ex_scratches=[e.smem_scratch() for e in exchanges],
+        ex_scratch=exchange.smem_scratch(),
         collective_axes="wg",
     )
-    def _scope(k_loop_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratches):
+    def _scope(pipeline_allocs, io_smem, vec_smem, io_barrier, vec_barrier, ex_scratch):
         wg = lax.axis_index("wg")
         is_compute = wg < _COMPUTE_WGS
         grid = grid_size(config, num_blocks)
-        semaphores = [e.semaphores(grid) for e in exchanges]
-        # The cooperative schedule's one exchange (its two warpgroups are its parties).
-        exchange, ex_scratch = exchanges[0], ex_scratches[0]
+        semaphores = exchange.semaphores(grid)
 
         def wg_cols(wg) -> pl.Slice:
             """The output columns of MMA warpgroup `wg` of this CTA (the same every block)."""
-            if config.pingpong:
-                return cta_cols
             return pl.ds((rank * _COMPUTE_WGS + wg) * tile_n, tile_n)
 
         def stage_residual(io, rows, cols, wg) -> None:
@@ -486,7 +454,7 @@ def _kernel(
             """Norm of the rows [row0, row0 + h.shape[0]) of a block from the gathered partials."""
             def partial(p: int, j: int) -> jax.Array:
                 return plgpu.load(gathered.at[p, j, pl.ds(row0, h.shape[0])], layout=row_layout,
-                                  optimized=not exchanges[0].gathered_in_global)
+                                  optimized=not exchange.gathered_in_global)
 
             num_partials = exchange.num_partials
             if kind == "rms":
@@ -530,27 +498,23 @@ def _kernel(
                     piece += 1
             return piece
 
-        def exchange_site(wg, m_idx, rounds, channel: int = 0) -> Site:
-            """Ping-pong warpgroups exchange on channels of their own, as the only party."""
-            return Site(party=0 if config.pingpong else wg, cluster_id=m_idx,
-                        round_index=rounds, semaphores=semaphores[channel],
+        def exchange_site(wg, m_idx, rounds) -> Site:
+            return Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
                         group=lax.axis_index("m"))
 
-        def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds, channel: int = 0):
+        def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
             """Publish this block's partials, store h while the peers' arrive, collect
-            them and normalize. Publishing first keeps h's store out of the global
-            transports' publish, which waits for its own TMA writes to land."""
-            exchange, scratch = exchanges[channel], ex_scratches[channel]
+            them and normalize."""
             loaded = load_vectors(wg, rounds)
             h = pre_norm_sum(acc, loaded, io)
-            site = exchange_site(wg, m_idx, rounds, channel)
-            exchange.publish(row_partials(h), scratch, stats_gmem, site)
+            site = exchange_site(wg, m_idx, rounds)
+            exchange.publish(row_partials(h), ex_scratch, stats_gmem, site)
             piece = 0
             if store_h:
                 piece = store_tile(h, io, h_gmem, rows, cols)
-            gathered = exchange.collect(scratch, stats_gmem, site)
+            gathered = exchange.collect(ex_scratch, stats_gmem, site)
             y = normalize(h, gathered, 0, loaded)
-            exchange.release(scratch)
+            exchange.release(ex_scratch)
             store_tile(y, io, y_gmem, rows, cols, piece)
 
         def finish_staged_block(wg, io, m_idx, rounds) -> None:
@@ -586,93 +550,47 @@ def _kernel(
             if store_h:
                 store_staged(io, h_gmem, rows, cols)
 
-        def pingpong_blocks() -> None:
-            """Warpgroup w takes this CTA's row blocks w, w + 2, ...; its epilogue runs
-            under the other warpgroup's K-loop. Each exchanges on its own channel."""
-            group = lax.axis_index("m")
-            num_tiles = lax.div(num_blocks - group + grid - 1, grid)  # row blocks here
+        epilogue = epilogue_overlapped if config.overlap else epilogue_inline
 
-            def block_of(tile):
-                return group + tile * grid
+        # Persistent: the grid's clusters walk the row blocks, each cluster
+        # exchanging once per block.
+        @plgpu.nd_loop((num_blocks,), collective_axes="m", init_carry=jnp.int32(0))
+        def _row_blocks(loop_info, carry):
+            m_idx = loop_info.index[0]
+            rows = pl.ds(m_idx * tile_m, tile_m)
 
-            @pl.when(wg == _COMPUTE_WGS)
-            def _tma():
-                ring.produce(k_loop_allocs, x_gmem, w_gmem, num_tiles=num_tiles,
-                             tile_rows=lambda t: pl.ds(block_of(t) * tile_m, tile_m),
-                             cols=cta_cols, k=k)
+            def compute_context(eval_pipeline):
+                wg = lax.axis_index("wg")
+                cols = wg_cols(wg)
+                io = io_smem.at[wg]
+                if has_residual and not config.overlap:
+                    stage_residual(io, rows, cols, wg)
 
-            for w in range(_COMPUTE_WGS):
-                @pl.when(wg == w)
-                def _mma(w=w):
-                    ring.enter_mma()
-                    io, cols = io_smem.at[w], wg_cols(w)
-                    rounds = tiles_of_warpgroup(num_tiles, w)
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)
+                    epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
 
-                    @pl.loop(0, rounds)
-                    def _blocks(i):
-                        tile = w + i * _COMPUTE_WGS
-                        m_idx = block_of(tile)
-                        rows = pl.ds(m_idx * tile_m, tile_m)
-                        if has_residual:
-                            stage_residual(io, rows, cols, w)
+            def mma(_, a_smem, b_smem, acc_ref):
+                wg = lax.axis_index("wg")
+                plgpu.wgmma(acc_ref, a_smem, b_smem.at[:, pl.ds(wg * tile_n, tile_n)])
+                plgpu.wgmma_wait(config.delay_release)
+                return acc_ref
 
-                        @functools.partial(pl.run_scoped,
-                                           acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
-                        def _acc_scope(acc_ref):
-                            ring.accumulate(k_loop_allocs, acc_ref, wg=w, tile=tile, k=k)
-                            epilogue_inline(acc_ref[...], w, cols, io, m_idx, rows, i, channel=w)
+            pipeline(mma, compute_context)(
+                x_gmem.at[rows, :], w_gmem.at[:, cta_cols], allocations=pipeline_allocs
+            )
+            return carry + 1
 
-                    exchanges[w].finish(ex_scratches[w], rounds)
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        def cooperative_blocks() -> None:
-            """Both warpgroups work on every row block (`emit_pipeline_warp_specialized`)."""
-            epilogue = epilogue_overlapped if config.overlap else epilogue_inline
-
-            # Persistent: the grid's clusters walk the row blocks, each cluster
-            # exchanging once per block.
-            @plgpu.nd_loop((num_blocks,), collective_axes="m", init_carry=jnp.int32(0))
-            def _row_blocks(loop_info, carry):
-                m_idx = loop_info.index[0]
-                rows = pl.ds(m_idx * tile_m, tile_m)
-
-                def compute_context(eval_pipeline):
-                    wg = lax.axis_index("wg")
-                    cols = wg_cols(wg)
-                    io = io_smem.at[wg]
-                    if has_residual and not config.overlap:
-                        stage_residual(io, rows, cols, wg)
-
-                    @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
-                    def _acc_scope(acc_ref):
-                        eval_pipeline(acc_ref)
-                        epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
-
-                def mma(_, a_smem, b_smem, acc_ref):
-                    wg = lax.axis_index("wg")
-                    plgpu.wgmma(acc_ref, a_smem, b_smem.at[:, pl.ds(wg * tile_n, tile_n)])
-                    plgpu.wgmma_wait(config.delay_release)
-                    return acc_ref
-
-                pipeline(mma, compute_context)(
-                    x_gmem.at[rows, :], w_gmem.at[:, cta_cols], allocations=k_loop_allocs
-                )
-                return carry + 1
-
-            @pl.when(is_compute)
-            def _finish():
-                if config.overlap:
-                    wg = lax.axis_index("wg")
-                    last_block = lax.axis_index("m") + (_row_blocks - 1) * grid
-                    pl.when(_row_blocks > 0)(lambda: finish_staged_block(
-                        wg, io_smem.at[wg], last_block, _row_blocks - 1))
-                exchange.finish(ex_scratch, _row_blocks)
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        if config.pingpong:
-            pingpong_blocks()
-        else:
-            cooperative_blocks()
+        @pl.when(is_compute)
+        def _finish():
+            if config.overlap:
+                wg = lax.axis_index("wg")
+                last_block = lax.axis_index("m") + (_row_blocks - 1) * grid
+                pl.when(_row_blocks > 0)(lambda: finish_staged_block(
+                    wg, io_smem.at[wg], last_block, _row_blocks - 1))
+            exchange.finish(ex_scratch, _row_blocks)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def post_norm_matmul(
@@ -717,12 +635,10 @@ def post_norm_matmul(
         if ctas > sms:
             raise ValueError(f"transport='semaphore' needs every CTA resident: {ctas} CTAs "
                              f"> {sms} SMs (lower grid_clusters)")
-    # Cooperative warpgroups are two parties of one exchange; ping-pong ones each
-    # exchange their own row blocks (sharing the global scratch, one slot per block).
     exchange = RowStatsExchange(
         axis="n",
         cluster_size=config.cluster_n,
-        parties=1 if config.pingpong else _COMPUTE_WGS,
+        parties=_COMPUTE_WGS,
         num_stats=num_stats(kind),
         rows=config.tile_m,
         transport=config.transport,
@@ -730,7 +646,6 @@ def post_norm_matmul(
         repeated=True,
         overlapped=config.overlap,
     )
-    exchanges = (exchange,) * (_COMPUTE_WGS if config.pingpong else 1)
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype)] * (2 if pre_norm_sum else 1)
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:
         out_type.append(stats)
@@ -744,7 +659,7 @@ def post_norm_matmul(
         store_h=pre_norm_sum,
         eps=float(eps),
         config=config,
-        exchanges=exchanges,
+        exchange=exchange,
         k=k,
         num_blocks=num_blocks,
     )

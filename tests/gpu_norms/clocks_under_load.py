@@ -3,7 +3,8 @@
 Question it answers: is the GEMM power-bound, so that time the tensor cores
 spend idle in an epilogue is partly won back as clock? If the plain GEMM runs
 below the boost clock while the post-norm kernel runs at a higher one, hiding
-the epilogue (ping-pong) cannot buy its whole length.
+the epilogue cannot buy its whole length. (The 2026-11-30 run also timed a
+ping-pong schedule, since removed: bench/results/h200-2026-11-30/post_norm_clocks.)
 
 Each workload is launched back to back for LOAD_S seconds while `nvidia-smi`
 samples clocks.sm, power.draw and the active throttle reasons every 50 ms; the
@@ -41,16 +42,11 @@ def _workloads(m: int, k: int, n: int) -> dict:
     w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), BF16)
     b = jnp.asarray(rng.standard_normal(n), jnp.float32)
     g = jnp.asarray(1 + 0.2 * rng.standard_normal(n), jnp.float32)
-    coop = pn.select_gpu_config(m, k, n, BF16, kind="rms")
-    pingpong = pn.select_config(m, k, n, BF16, kind="rms", transport="semaphore", pingpong=True)
+    config = pn.select_gpu_config(m, k, n, BF16, kind="rms")
 
-    def post(config):
-        return jax.jit(lambda x: pn.post_norm_matmul(x, w, b, g, None, None, kind="rms",
-                                                     eps=1e-6, config=config,
-                                                     pre_norm_sum=False)[0])
-
-    return {"plain": (jax.jit(lambda x: plain_matmul.plain_matmul(x, w)), x),
-            "post coop": (post(coop), x), "post pingpong": (post(pingpong), x)}
+    post = jax.jit(lambda x: pn.post_norm_matmul(x, w, b, g, None, None, kind="rms", eps=1e-6,
+                                                 config=config, pre_norm_sum=False)[0])
+    return {"plain": (jax.jit(lambda x: plain_matmul.plain_matmul(x, w)), x), "post": (post, x)}
 
 
 def _load(fn, x) -> tuple[float, float, float, int]:

@@ -38,7 +38,6 @@ spending GPU time.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import statistics
@@ -63,7 +62,7 @@ BF16 = jnp.bfloat16
 # timing sections ran out of time before their last items.
 SECTIONS = {"rows": 35, "post": 40, "norm_time": 85, "post_time": 220, "norm_sweep": 110,
             "post_sweep": 180, "post_semaphore": 60, "post_overlap": 330,
-            "post_anatomy": 300, "post_pingpong": 560}
+            "post_anatomy": 300}
 # ONLY=post,post_time runs a subset (the device allows 600 s per call).
 if os.environ.get("ONLY"):
     SECTIONS = {name: SECTIONS[name] for name in os.environ["ONLY"].split(",")}
@@ -564,76 +563,6 @@ def section_post_semaphore(sec: Section) -> None:
     agree("layer", 2048, 512, 512, False)  # 16 blocks, 16 of 66 groups of 2
 
 
-def section_post_pingpong(sec: Section) -> None:
-    """Ping-pong warpgroups (one's epilogue under the other's K-loop) against the cooperative
-    pick: h bitwise equal (the same wgmma sequence per tile), y within 1e-2 of float64; then
-    times at the post_time shapes, with the plain GEMM and stock baselines on the
-    cooperative pick, and ping-pong pipeline and tile variants."""
-    import dataclasses
-
-    from pallas_kernels import post_norm_matmul as pn
-
-    rng = np.random.default_rng(7)
-    pick = functools.partial(pn.select_config, transport="global" if SMOKE else "semaphore",
-                             max_cluster=max_cluster())
-
-    def agree(kind, m, k, n, residual, bias_mean=0.0):
-        def run():
-            x, w = rand(rng, (m, k)), rand(rng, (k, n), BF16, 1 / np.sqrt(k))
-            b = rand(rng, (n,), jnp.float32, shift=bias_mean)
-            g = rand(rng, (n,), jnp.float32, 0.2, 1.0)
-            r = rand(rng, (m, n)) if residual else None
-            nb = b if kind == "layer" else None
-            coop = pick(m, k, n, BF16, kind=kind, residual=residual)
-            pp = pick(m, k, n, BF16, kind=kind, residual=residual, pingpong=True)
-            outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c,
-                                        interpret=SMOKE) for c in (coop, pp)]
-            same_tiles = (coop.tile_m, coop.tile_n) == (pp.tile_m, pp.tile_n)
-            if same_tiles:
-                assert bool(jnp.all(outs[0][1] == outs[1][1])), "h differs from cooperative"
-            item = dict(config=str(pp), bitwise_h=same_tiles)
-            item["max_rel_err_vs_f64"] = _rel_err_vs_f64(outs[1][0], kind, x, w, b, g, nb, r)
-            assert item["max_rel_err_vs_f64"] < 1e-2
-            return item
-        sec.run(f"pingpong agrees {kind} {m}x{k}x{n}{' +res' if residual else ''}", run)
-
-    for case in ((("rms", 2048, 1024, 4096, False), ("layer", 4096, 1024, 2048, True, 100.0),
-                  ("rms", 8192, 512, 1024, True), ("layer", 2048, 512, 512, False))):
-        kind, m, k, n, *rest = case
-        agree(kind, *post_size(m, k, n), *rest)
-    if not all(item.get("ok") for item in sec.items):
-        raise RuntimeError("the ping-pong checks failed: no timings of a wrong kernel")
-
-    variants = {"64x4": dict(tile_k=64, max_concurrent_steps=4),
-                "64x5": dict(tile_k=64, max_concurrent_steps=5),
-                "64 x 256 tiles": dict(tile_m=64, tile_n=256, tile_k=64, max_concurrent_steps=4)}
-    cases = [(shape, "rms", False) for shape in POST_TIME_SHAPES]
-    cases += [(shape, kind, True) for shape in ((8192, 4096, 4096), (8192, 4096, 2048),
-                                                (8192, 4096, 1024)) for kind in ("rms", "layer")]
-    for (m, k, n), kind, residual in cases:
-        mm, kk, nn = post_size(m, k, n)
-        tag = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
-        coop = (pick(mm, kk, nn, BF16, kind=kind, residual=residual) if SMOKE else
-                pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual))
-        _time_post(sec, f"coop {tag}", mm, kk, nn, kind, coop, True, residual)
-        pp = pick(mm, kk, nn, BF16, kind=kind, residual=residual, pingpong=True)
-        _time_post(sec, f"pingpong {tag} pick", mm, kk, nn, kind, pp, False, residual)
-        for name, knobs in variants.items() if not residual else ():
-            config = dataclasses.replace(pp, **knobs)
-            if "tile_n" in knobs:  # a group covers the row: re-derive its size and count
-                groups = min(mm // config.tile_m, 132 // (nn // config.tile_n))
-                config = dataclasses.replace(config, cluster_n=nn // config.tile_n,
-                                             grid_clusters=groups)
-            try:
-                pn.check_shape(mm, kk, nn, config, kind, residual=residual)
-            except ValueError as e:
-                sec.add(dict(name=f"pingpong {tag} {name}", skipped=str(e)[:100]))
-                continue
-            if config != pp:
-                _time_post(sec, f"pingpong {tag} {name}", mm, kk, nn, kind, config, False,
-                           residual)
-
-
 OVERLAP_SHAPES = [(8192, 4096, 4096), (8192, 4096, 2048), (8192, 4096, 1024), (8192, 4096, 512),
                   (4096, 4096, 4096), (4096, 4096, 2048), (4096, 4096, 1024)]
 
@@ -673,9 +602,8 @@ def section_post_overlap(sec: Section) -> None:
 
 
 def section_post_anatomy(sec: Section) -> None:
-    """Where a grid group's time goes: the same kernels (cooperative and ping-pong) with
-    parts of the statistics exchange removed (timing only: the outputs are then wrong, and
-    not checked)."""
+    """Where a grid group's time goes: the same kernels with parts of the statistics
+    exchange removed (timing only: the outputs are then wrong, and not checked)."""
     import contextlib
     import dataclasses
 
@@ -713,13 +641,10 @@ def section_post_anatomy(sec: Section) -> None:
 
     for m, k, n in ((8192, 4096, 2048), (8192, 4096, 4096), (8192, 4096, 1024)):
         base = pn.select_config(m, k, n, BF16, kind="rms", transport="semaphore")
-        pingpong = pn.select_config(m, k, n, BF16, kind="rms", transport="semaphore",
-                                    pingpong=True)
-        for schedule, config in (("inline", base), ("pingpong", pingpong)):
-            for what, patches in removals.items():
-                with removed(patches):
-                    _time_post(sec, f"anatomy {m}x{k}x{n} {schedule} {what}", m, k, n, "rms",
-                               config, False, False, check=False)
+        for what, patches in removals.items():
+            with removed(patches):
+                _time_post(sec, f"anatomy {m}x{k}x{n} inline {what}", m, k, n, "rms", base,
+                           False, False, check=False)
         # Overlap stages whole tiles: the same pipeline where that still fits.
         overlap = dataclasses.replace(base, overlap=True)
         try:
