@@ -465,13 +465,14 @@ def section_post_time(sec: Section) -> None:
 
 # (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
 # change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
-_PIPELINE_VARIANTS = {"64x3": dict(tile_k=64, max_concurrent_steps=3),
-                      "32x6": dict(tile_k=32, max_concurrent_steps=6),
-                      "64x2": dict(tile_k=64, max_concurrent_steps=2)}
+# (32-wide K steps measured slower than 64 x 3: tests/gpu_norms/h200_results.md.)
+_PIPELINE_VARIANTS = {"64x4": dict(tile_k=64, max_concurrent_steps=4),
+                      "64x3": dict(tile_k=64, max_concurrent_steps=3)}
 POST_SWEEP = {
     (8192, 4096, 4096): {**_PIPELINE_VARIANTS, "with h": {}},
     (8192, 4096, 2048): {**_PIPELINE_VARIANTS, "with h": {}},
-    (8192, 4096, 1024): {"with h": {}},
+    (8192, 4096, 1024): {**_PIPELINE_VARIANTS, "with h": {}},
+    (4096, 4096, 4096): _PIPELINE_VARIANTS,
 }
 
 
