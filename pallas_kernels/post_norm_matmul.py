@@ -219,8 +219,10 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
 
 # (tile_k, stages): 64-wide K steps first, then by bytes in flight. H200, RMS, K = 4096,
 # groups: 64 x 3 beat 32 x 7 and 32 x 5 (394 vs 431 and 425 us at 8192 x 4096 x 4096;
-# 188 vs 208 and 202 at 8192 x 4096 x 2048).
-_PIPELINES = ((64, 4), (64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
+# 188 vs 208 and 202 at 8192 x 4096 x 2048), and a fourth 64-wide stage, where it fits,
+# was slower or no faster (404.6 vs 394.1 us at 8192 x 4096 x 4096, 203.3 vs 197.5 at
+# 4096 x 4096 x 4096, 186.7 vs 184.7 at 8192 x 4096 x 2048, 91.3 vs 92.0 at x 1024).
+_PIPELINES = ((64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
 
 
 def select_gpu_config(
@@ -677,7 +679,7 @@ def post_norm_matmul(
         num_threads=_COMPUTE_WGS + 1,
         thread_name="wg",
         # Row reductions stay inside each warp: no cross-warp reduction scratch (the
-        # default reserves 2 KiB, which a fourth 64-wide pipeline stage needs).
+        # default reserves 2 KiB of shared memory for one).
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                              reduction_scratch_bytes=0),
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
