@@ -6,7 +6,7 @@ float32 numbers per row, the *partials*. Only those move; every party then
 holds every partial and combines them itself, so no second round trip is
 needed.
 
-Two transports, one interface (`RowStatsExchange.all_gather`):
+Three transports, one interface (`RowStatsExchange.all_gather`):
 
 - "dsmem" (the GPU path): each party *pushes* its partials into slot
   [party index] of the `gathered` buffer of every CTA of the cluster with
@@ -23,22 +23,29 @@ Two transports, one interface (`RowStatsExchange.all_gather`):
   the CTAs sharing a row block are a *group* of a persistent grid, not a
   cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
   at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
-  scratch as with "global" (plain stores and loads: no TMA round trip and no
-  proxy fence; on the H200 that measured faster than staging them through
-  shared memory with TMA); instead of a cluster barrier each party increments
+  scratch as with "global"; instead of a cluster barrier each party increments
   a global semaphore of every party of its group (`_signal_relaxed`, after one
-  GPU-scope fence) and waits on its own. Semaphores alternate by round parity, so a fast peer's
-  next-round signal is never counted for this round. Every CTA of the grid
+  GPU-scope fence) and waits on its own. Semaphores alternate by round parity,
+  so a fast peer's next-round signal is never counted for this round. Every CTA of the grid
   must be resident at once (a waiting CTA holds its SM): the kernels launch at
   most one CTA per SM.
 
 Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
 arrive and after each wait (`gpu_fences=True`); the semaphore transport fences
-at GPU scope instead. Partials move by generic loads and stores only, so no
-proxy fence is needed. The interpreter models no fences, so they are emitted
-only when compiling for the GPU. On the H200 both transports gave bitwise identical
-results (tests/gpu_norms/h200_results.md).
+at GPU scope instead. The interpreter models no fences, so they are emitted
+only when compiling for the GPU. On the H200 the transports gave bitwise
+identical results (tests/gpu_norms/h200_results.md).
+
+Through global memory, partials move by plain stores from registers and plain
+loads (`plgpu.load(..., optimized=False)`: Mosaic's optimized transfers are to
+shared memory only), so there is no TMA round trip, no proxy fence and no
+shared-memory copy of the gathered partials: the 17-52 KiB per CTA that copy
+took now hold pipeline stages. On the H200 that was as fast as a TMA gather
+into shared memory at rows up to 2048 and 1.5-2% slower at rows of 4096
+(16 partials a row), and took the residual and LayerNorm cases from 32 x 5 or
+64 x 2 stages to 64 x 3 (LayerNorm with a residual at 8192 x 4096 x 4096: 594
+to 488 us).
 
 DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
 of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
