@@ -163,8 +163,9 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     vectors = (2 if kind == "rms" else 3) * _COMPUTE_WGS * config.tile_n * 4  # bias, gain (, beta)
     rows = -(-config.tile_m // 32) * 32
     # Partials gathered in shared memory (DSMEM); through global memory they are read in place.
-    in_smem = config.transport == "dsmem" or config.cluster_n == 1
-    partials = in_smem * config.cluster_n * _COMPUTE_WGS * num_stats(kind) * rows * 4
+    partials = 0
+    if config.transport == "dsmem" or config.cluster_n == 1:
+        partials = config.cluster_n * _COMPUTE_WGS * num_stats(kind) * rows * 4
     barriers = 64 + 16 * config.max_concurrent_steps
     return config.max_concurrent_steps * stage + staging + vectors + partials + barriers
 

@@ -166,6 +166,20 @@ def test_select_config_covers_rows_up_to_4096():
     assert pn.max_n() == 4096
 
 
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_partials_read_in_place_leave_residual_cases_deep_pipelines(kind):
+    """Through global memory the partials are read where the peers stored them (no
+    shared-memory gather), so a residual's whole staged tiles still leave room for
+    64 x 3 stages at rows of 4096 (LayerNorm's 16 x 3 partials took 52 KiB there and
+    forced 64 x 2)."""
+    config = pn.select_gpu_config(8192, 4096, 4096, BF16, kind=kind, residual=True)
+    assert (config.transport, config.cluster_n) == ("semaphore", 16)
+    assert (config.tile_k, config.max_concurrent_steps) == (64, 3)
+    exchange = pn.RowStatsExchange(axis="n", cluster_size=16, parties=2, num_stats=3, rows=128,
+                                   transport="semaphore", gpu_fences=True, repeated=True)
+    assert exchange.smem_scratch().gathered is None and exchange.gathered_in_global
+
+
 def test_shape_errors_name_the_dimension():
     config = pn.PostNormConfig(tile_m=128, tile_n=128, cluster_n=2)
     with pytest.raises(ValueError, match="M=100 must be divisible by tile_m=128"):
