@@ -1,4 +1,5 @@
-"""Flax NNX layers: RMSNorm/LayerNorm fused into the Linear layers they feed.
+"""Flax NNX layers: RMSNorm/LayerNorm fused into the Linear layers they feed (pre-norm)
+or follow (post-norm: `LinearRMSNorm`, `LinearLayerNorm`, with an optional residual).
 
 A fused layer is built from the modules it replaces: `layer.norm` is a norm with
 the stock parameters (`scale`, LayerNorm's `bias`) and `layer.linear` (or one
@@ -263,3 +264,82 @@ class LayerNormProjections(_NormThenLinears):
 
     def __call__(self, x: Array) -> tuple[Array, ...]:
         return self._project(x)
+
+
+class _LinearThenNorm(nnx.Module):
+    """A stock nnx.Linear (`self.linear`) whose outputs feed a norm (`self.norm`): the
+    post-norm block Norm(x @ kernel + bias [+ residual]) as one op (`jaxnorm.dense_*_norm`)."""
+
+    def __init__(self, linear: nnx.Linear, norm: _Norm, dtype: Dtype | None):
+        self.linear = linear
+        self.norm = norm
+        self.dtype = dtype
+
+    def __call__(self, x: Array, residual: Array | None = None) -> Array | tuple[Array, Array]:
+        """y = Norm(linear(x) [+ residual]); with `residual`, (y, the pre-norm sum) so the
+        sum can carry on as the residual stream."""
+        kernel = self.linear.kernel[...]
+        bias = None if self.linear.bias is None else self.linear.bias[...]
+        scale, norm_bias = self.norm.params()
+        x, residual, kernel, bias, scale, norm_bias = promote_dtype(
+            (x, residual, kernel, bias, scale, norm_bias), dtype=self.dtype)
+        common = dict(eps=self.norm.epsilon, residual=residual, impl=self.norm.impl)
+        if self.norm.kind == "rms":
+            return ops.dense_rms_norm(x, kernel, bias, scale, **common)
+        return ops.dense_layer_norm(x, kernel, bias, scale, norm_bias, **common)
+
+
+class LinearRMSNorm(_LinearThenNorm):
+    """nnx.Linear followed by nnx.RMSNorm over its outputs, fused (post-norm, DESIGN algebra 3).
+
+    Parameters: `linear.kernel` [in, out], `linear.bias` [out], `norm.scale` [out], built
+    in that order as the stock pair would be. `layer(x, residual)` adds a residual
+    before the norm and returns (y, pre-norm sum). The gain is used as is (the
+    post-norm op has no `scale_offset`).
+
+    >>> layer = LinearRMSNorm(64, 128, rngs=nnx.Rngs(0))
+    >>> x = jnp.ones((2, 64))
+    >>> y = layer(x)  # layer.norm(layer.linear(x)) in one pass
+    >>> y, h = layer(x, residual=jnp.ones((2, 128)))  # norm(linear(x) + residual), and the sum
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 epsilon: float = 1e-6, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32, use_scale: bool = True,
+                 scale_init: Initializer = nnx.initializers.ones,
+                 kernel_init: Initializer = _DEFAULT_KERNEL_INIT,
+                 bias_init: Initializer = nnx.initializers.zeros_init(),
+                 impl: str | None = None, rngs: nnx.Rngs):
+        linear = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
+                            param_dtype=param_dtype, kernel_init=kernel_init,
+                            bias_init=bias_init, rngs=rngs)
+        norm = RMSNorm(out_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
+                       use_scale=use_scale, scale_init=scale_init, impl=impl, rngs=rngs)
+        super().__init__(linear, norm, dtype)
+
+
+class LinearLayerNorm(_LinearThenNorm):
+    """nnx.Linear followed by nnx.LayerNorm over its outputs, fused; see `LinearRMSNorm`.
+
+    Parameters: `linear.kernel`, `linear.bias`, `norm.scale`, `norm.bias`;
+    `use_norm_bias`/`norm_bias_init` are the LayerNorm's `use_bias`/`bias_init`.
+
+    >>> layer = LinearLayerNorm(64, 128, rngs=nnx.Rngs(0))
+    >>> y = layer(jnp.ones((2, 64)))
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 epsilon: float = 1e-6, dtype: Dtype | None = None,
+                 param_dtype: Dtype = jnp.float32, use_scale: bool = True,
+                 use_norm_bias: bool = True, scale_init: Initializer = nnx.initializers.ones,
+                 norm_bias_init: Initializer = nnx.initializers.zeros_init(),
+                 kernel_init: Initializer = _DEFAULT_KERNEL_INIT,
+                 bias_init: Initializer = nnx.initializers.zeros_init(),
+                 impl: str | None = None, rngs: nnx.Rngs):
+        linear = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
+                            param_dtype=param_dtype, kernel_init=kernel_init,
+                            bias_init=bias_init, rngs=rngs)
+        norm = LayerNorm(out_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
+                         use_scale=use_scale, use_bias=use_norm_bias, scale_init=scale_init,
+                         bias_init=norm_bias_init, impl=impl, rngs=rngs)
+        super().__init__(linear, norm, dtype)

@@ -10,6 +10,7 @@ from flax import nnx
 import jaxnorm.nnx as jnnx
 from judge_layers import assert_grads_match, assert_outputs_match
 from verify import references as ref
+from verify.checks import check_grads_of, check_post_norm_outputs
 
 EPS = 1e-5
 K = 48
@@ -205,3 +206,126 @@ def test_projection_names_are_checked():
         jnnx.RMSNormProjections(K, {"norm": 8}, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="at least one"):
         jnnx.RMSNormProjections(K, {}, rngs=nnx.Rngs(0))
+
+
+# ------------------------------------------------------------------ post-norm layers
+
+N_OUT = 40
+
+
+class StockPostPair(nnx.Module):
+    """The unfused post-norm block: a stock Linear, then a stock norm over its outputs."""
+
+    def __init__(self, kind, *, rngs, **kw):
+        self.linear = nnx.Linear(K, N_OUT, use_bias=kw["use_bias"], dtype=kw["dtype"],
+                                 param_dtype=kw["param_dtype"], bias_init=kw["bias_init"],
+                                 rngs=rngs)
+        norm_kw = dict(epsilon=kw["epsilon"], dtype=kw["dtype"], param_dtype=kw["param_dtype"],
+                       scale_init=kw["scale_init"], rngs=rngs)
+        self.norm = (nnx.RMSNorm(N_OUT, **norm_kw) if kind == "rms" else
+                     nnx.LayerNorm(N_OUT, bias_init=kw["norm_bias_init"], **norm_kw))
+
+    def __call__(self, x, residual=None):
+        h = self.linear(x) if residual is None else self.linear(x) + residual
+        return self.norm(h) if residual is None else (self.norm(h), h)
+
+
+def _post_pair(kind, seed=0, **overrides):
+    kw = dict(use_bias=True, epsilon=EPS, dtype=None, param_dtype=jnp.float32,
+              scale_init=_gain_init, bias_init=_shift_init, norm_bias_init=_shift_init)
+    kw.update(overrides)
+    stock = StockPostPair(kind, rngs=nnx.Rngs(seed), **kw)
+    if kind == "rms":
+        kw.pop("norm_bias_init")
+        return jnnx.LinearRMSNorm(K, N_OUT, rngs=nnx.Rngs(seed), **kw), stock
+    return jnnx.LinearLayerNorm(K, N_OUT, rngs=nnx.Rngs(seed), **kw), stock
+
+
+def _post_inputs(layer, x, residual, dtype) -> dict:
+    """The op's arguments as the layer uses them: parameters cast to the computation dtype."""
+    cast = lambda a: None if a is None else jnp.asarray(a, dtype)  # noqa: E731
+    scale, norm_bias = layer.norm.params()
+    return dict(x=cast(x), kernel=cast(layer.linear.kernel[...]),
+                bias=None if layer.linear.bias is None else cast(layer.linear.bias[...]),
+                scale=cast(scale), norm_bias=cast(norm_bias), residual=cast(residual), eps=EPS)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_post_norm_layers_have_the_stock_parameters(kind, param_dtype):
+    """Linear then norm, from the same Rngs: same names, shapes, dtypes and values."""
+    ours, stock = _post_pair(kind, seed=5, param_dtype=param_dtype)
+    a, b = nnx.to_pure_dict(nnx.state(ours)), nnx.to_pure_dict(nnx.state(stock))
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert p.dtype == q.dtype == param_dtype
+        np.testing.assert_array_equal(p, q)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("x_dtype,dtype", CASES, ids=["f32", "bf16-promoted", "bf16"])
+def test_post_norm_layers_match_float64(kind, with_residual, x_dtype, dtype):
+    """y (and, with a residual, the pre-norm sum) within verify's tolerance of float64, in
+    the dtype Flax's promotion gives; gradients of y likewise, residual included."""
+    layer, stock = _post_pair(kind, use_bias=with_residual, dtype=dtype)
+    rng = np.random.default_rng(11)
+    x = jnp.asarray((rng.standard_normal((2, 5, K)) + 0.5).astype(x_dtype))
+    r = jnp.asarray(rng.standard_normal((2, 5, N_OUT)).astype(x_dtype)) if with_residual else None
+    out = layer(x, r)
+    y, h = out if with_residual else (out, None)
+    stock_y = stock(x, r)[0] if with_residual else stock(x)
+    compute = np.dtype(y.dtype)
+    assert compute == np.dtype(stock_y.dtype) == (np.float32 if dtype is None else dtype)
+    inputs = _post_inputs(layer, x, r, compute)
+    op = "dense_rms_norm" if kind == "rms" else "dense_layer_norm"
+    assert check_post_norm_outputs(kind, y, h, **inputs) <= 1.0
+
+    dy = jnp.asarray(rng.standard_normal(y.shape), compute)
+    graphdef, state = nnx.split(layer)
+
+    def loss(state, x, r):
+        out = nnx.merge(graphdef, state)(x, r)
+        return jnp.sum((out[0] if with_residual else out).astype(jnp.float32) * dy)
+
+    # Differentiate at the promoted x and residual: the cast's own VJP is only a rounding.
+    d_state, dx, dr = jax.grad(loss, argnums=(0, 1, 2))(state, inputs["x"], inputs["residual"])
+    d = nnx.to_pure_dict(d_state)
+    grads = {"x": dx, "kernel": d["linear"]["kernel"], "scale": d["norm"]["scale"]}
+    if with_residual:
+        grads.update(bias=d["linear"]["bias"], residual=dr)
+    if kind == "layer":
+        grads["norm_bias"] = d["norm"]["bias"]
+    # Gradients reach parameters through their cast to the computation dtype.
+    grads = {k: jnp.asarray(v, compute) for k, v in grads.items()}
+    assert check_grads_of(op, grads, [np.asarray(dy, np.float64)], **inputs) <= 1.0
+
+
+def test_post_norm_layer_loads_stock_values_and_trains():
+    """nnx.update with a stock Linear and RMSNorm gives their composition; a jitted SGD step
+    through the fused layer lowers the loss."""
+    rngs = nnx.Rngs(8)
+    linear, norm = nnx.Linear(K, N_OUT, rngs=rngs), nnx.RMSNorm(N_OUT, scale_init=_gain_init,
+                                                                 rngs=rngs)
+    layer = jnnx.LinearRMSNorm(K, N_OUT, impl="xla", rngs=nnx.Rngs(0))
+    nnx.update(layer.linear, nnx.state(linear))
+    nnx.update(layer.norm, nnx.state(norm))
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((4, K)), jnp.float32)
+    np.testing.assert_allclose(layer(x), norm(linear(x)), rtol=1e-5, atol=1e-5)
+
+    target = jnp.asarray(np.random.default_rng(3).standard_normal((4, N_OUT)), jnp.float32)
+
+    @nnx.jit
+    def step(layer, x):
+        def loss(layer):
+            y, _ = layer(x, residual=x[:, :N_OUT])
+            return jnp.mean(jnp.square(y - target))
+
+        value, grads = nnx.value_and_grad(loss)(layer)
+        nnx.update(layer, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(layer), grads))
+        return value
+
+    first = step(layer, x)
+    for _ in range(3):
+        last = step(layer, x)
+    assert last < first

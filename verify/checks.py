@@ -98,7 +98,20 @@ def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, e
     nb = None if norm_bias is None else f64(norm_bias)
     t_y = tol.post_norm_tolerance(h_err, inv, g, xhat * g, y64, x.dtype, bias=nb)
     t_h = h_err + tol.unit_roundoff(x.dtype) * np.abs(h64) + tol.tiny(x.dtype)
-    return [Judged("y", np.asarray(y), y64, t_y), Judged("h", np.asarray(h), h64, t_h)]
+    judged = [Judged("y", np.asarray(y), y64, t_y)]
+    if h is not None:
+        judged.append(Judged("h", np.asarray(h), h64, t_h))
+    return judged
+
+
+def check_post_norm_outputs(kind: str, y, h, **inputs) -> float:
+    """Worst error/tolerance of post-norm outputs computed elsewhere (a Flax layer) from
+    `inputs` as `dense_rms_norm`/`dense_layer_norm` take them; h is None without a residual."""
+    x = np.asarray(inputs["x"])
+    judged = _post_norm_judged(kind, x, inputs["kernel"], inputs.get("bias"),
+                               inputs.get("scale"), inputs.get("norm_bias"),
+                               inputs.get("residual"), y, h, inputs.get("eps", 1e-6))
+    return max(_ratio(j) for j in judged)
 
 
 def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
@@ -247,11 +260,16 @@ def check_grad(op: str, impl: str | None = "xla", *, seed: int = 0, **inputs) ->
         (grads,) = vjp((cotangents[0], jnp.zeros_like(out[1])))
     else:
         (grads,) = vjp(tuple(cotangents) if isinstance(out, tuple) else cotangents[0])
-    dys = [f64(np.asarray(c)) for c in cotangents]
+    return check_grads_of(op, grads, [f64(np.asarray(c)) for c in cotangents], **inputs)
+
+
+def check_grads_of(op: str, grads: dict, dys: list, **inputs) -> float:
+    """Gradients computed elsewhere (a Flax layer's) of <op(inputs), dys> for the
+    differentiable inputs named in `grads`, against float64 VJPs (normwise)."""
+    x = np.asarray(inputs["x"])
     expected = _combined_reference_grads(op, inputs, dys, magnitude=False)
     magnitudes = _combined_reference_grads(op, inputs, dys, magnitude=True)
-    x = np.asarray(inputs["x"])
-    longest = max(x.shape[-1], int(np.prod(x.shape[:-1])), *(y.shape[-1] for y in judged))
+    longest = max(x.shape[-1], int(np.prod(x.shape[:-1])), *(np.shape(dy)[-1] for dy in dys))
     worst = 0.0
     for name, got in grads.items():
         for i, (g, g64, m64) in enumerate(zip(_as_tuple(got), _as_tuple(expected[name]),
