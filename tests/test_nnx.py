@@ -180,25 +180,31 @@ def test_gemma_offset_gain():
                                rtol=1e-5, atol=1e-5)
 
 
+def _assert_sgd_lowers(layer, loss) -> None:
+    """A few jitted SGD steps on loss(layer) lower it."""
+
+    @nnx.jit
+    def step(layer):
+        value, grads = nnx.value_and_grad(loss)(layer)
+        nnx.update(layer, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(layer), grads))
+        return value
+
+    first = step(layer)
+    for _ in range(3):
+        last = step(layer)
+    assert last < first
+
+
 def test_jit_and_training_step():
     layer = jnnx.RMSNormProjections(K, {"gate": 32, "up": 32}, use_bias=False, impl="xla",
                                     rngs=nnx.Rngs(0))
     x = jnp.ones((4, K)) + jnp.arange(K) / K
 
-    @nnx.jit
-    def step(layer, x):
-        def loss(layer):
-            gate, up = layer(x)
-            return jnp.mean(jnp.square(nnx.silu(gate) * up))
+    def loss(layer):
+        gate, up = layer(x)
+        return jnp.mean(jnp.square(nnx.silu(gate) * up))
 
-        value, grads = nnx.value_and_grad(loss)(layer)
-        nnx.update(layer, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(layer), grads))
-        return value
-
-    first = step(layer, x)
-    for _ in range(3):
-        last = step(layer, x)
-    assert last < first
+    _assert_sgd_lowers(layer, loss)
 
 
 def test_projection_names_are_checked():
@@ -315,17 +321,8 @@ def test_post_norm_layer_loads_stock_values_and_trains():
 
     target = jnp.asarray(np.random.default_rng(3).standard_normal((4, N_OUT)), jnp.float32)
 
-    @nnx.jit
-    def step(layer, x):
-        def loss(layer):
-            y, _ = layer(x, residual=x[:, :N_OUT])
-            return jnp.mean(jnp.square(y - target))
+    def loss(layer):
+        y, _ = layer(x, residual=x[:, :N_OUT])
+        return jnp.mean(jnp.square(y - target))
 
-        value, grads = nnx.value_and_grad(loss)(layer)
-        nnx.update(layer, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(layer), grads))
-        return value
-
-    first = step(layer, x)
-    for _ in range(3):
-        last = step(layer, x)
-    assert last < first
+    _assert_sgd_lowers(layer, loss)
