@@ -1,4 +1,5 @@
-"""Flax Linen layers: RMSNorm/LayerNorm fused into the Dense layer they feed.
+"""Flax Linen layers: RMSNorm/LayerNorm fused into the Dense layer they feed (pre-norm),
+or follow (post-norm: `DenseRMSNorm`, `DenseLayerNorm`, with an optional residual).
 
 `RMSNormDense(features)` replaces `nn.RMSNorm()` followed by `nn.Dense(features)`.
 Its parameters sit in two child scopes with the stock names, shapes,
@@ -124,6 +125,58 @@ class LayerNormDense(_NormDense):
     >>> layer = LayerNormDense(128)
     >>> params = layer.init(jax.random.key(0), jnp.ones((2, 64)))
     >>> y = layer.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "layer"
+    use_norm_bias: bool = True
+    norm_bias_init: Initializer = nn.initializers.zeros_init()
+
+    def _norm_bias(self) -> tuple[bool, Initializer]:
+        return self.use_norm_bias, self.norm_bias_init
+
+
+class _DenseNorm(_NormDense):
+    """nn.Dense followed by a norm over its outputs: Norm(x @ kernel + bias [+ residual])."""
+
+    @nn.compact
+    def __call__(self, x: Array, residual: Array | None = None) -> Array | tuple[Array, Array]:
+        """y; with `residual` (added before the norm), (y, the pre-norm sum) for the stream."""
+        kernel, bias = _DenseParams(self.features, self.use_bias, self.kernel_init,
+                                    self.bias_init, self.param_dtype, name="dense")(
+            jnp.shape(x)[-1])
+        scale, norm_bias = _NormParams(self.use_scale, *self._norm_bias(), self.scale_init,
+                                       self.param_dtype, name="norm")(self.features)
+        dtype = canonicalize_dtype(x, residual, kernel, bias, scale, norm_bias, dtype=self.dtype)
+        x, kernel = jnp.asarray(x, dtype), jnp.asarray(kernel, dtype)
+        bias = None if bias is None else jnp.asarray(bias, dtype)
+        residual = None if residual is None else jnp.asarray(residual, dtype)
+        common = dict(eps=self.epsilon, scale_offset=self.scale_offset, residual=residual,
+                      impl=self.impl)
+        if self.kind == "rms":
+            return ops.dense_rms_norm(x, kernel, bias, scale, **common)
+        return ops.dense_layer_norm(x, kernel, bias, scale, norm_bias, **common)
+
+
+class DenseRMSNorm(_DenseNorm):
+    """nn.Dense followed by nn.RMSNorm over its outputs, fused (post-norm, DESIGN algebra 3).
+
+    Parameters: `dense/kernel` [in, features], `dense/bias`, `norm/scale` [features].
+    `layer.apply(params, x, residual)` adds the residual before the norm and returns
+    (y, pre-norm sum).
+
+    >>> layer = DenseRMSNorm(128)
+    >>> params = layer.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> y = layer.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "rms"
+
+
+class DenseLayerNorm(_DenseNorm):
+    """nn.Dense followed by nn.LayerNorm over its outputs, fused; see `DenseRMSNorm`.
+
+    Parameters: `dense/kernel`, `dense/bias`, `norm/scale`, `norm/bias`;
+    `use_norm_bias` / `norm_bias_init` are the LayerNorm's `use_bias` / `bias_init`.
     """
 
     kind = "layer"

@@ -283,7 +283,8 @@ class _LinearThenNorm(nnx.Module):
         scale, norm_bias = self.norm.params()
         x, residual, kernel, bias, scale, norm_bias = promote_dtype(
             (x, residual, kernel, bias, scale, norm_bias), dtype=self.dtype)
-        common = dict(eps=self.norm.epsilon, residual=residual, impl=self.norm.impl)
+        common = dict(eps=self.norm.epsilon, scale_offset=self.norm.scale_offset,
+                      residual=residual, impl=self.norm.impl)
         if self.norm.kind == "rms":
             return ops.dense_rms_norm(x, kernel, bias, scale, **common)
         return ops.dense_layer_norm(x, kernel, bias, scale, norm_bias, **common)
@@ -294,8 +295,8 @@ class LinearRMSNorm(_LinearThenNorm):
 
     Parameters: `linear.kernel` [in, out], `linear.bias` [out], `norm.scale` [out], built
     in that order as the stock pair would be. `layer(x, residual)` adds a residual
-    before the norm and returns (y, pre-norm sum). The gain is used as is (the
-    post-norm op has no `scale_offset`).
+    before the norm and returns (y, pre-norm sum). `scale_offset=1.0` is Gemma's
+    (1 + scale) gain (Gemma 2's post-attention norm: `x + layer(attn)`).
 
     >>> layer = LinearRMSNorm(64, 128, rngs=nnx.Rngs(0))
     >>> x = jnp.ones((2, 64))
@@ -309,12 +310,13 @@ class LinearRMSNorm(_LinearThenNorm):
                  scale_init: Initializer = nnx.initializers.ones,
                  kernel_init: Initializer = _DEFAULT_KERNEL_INIT,
                  bias_init: Initializer = nnx.initializers.zeros_init(),
-                 impl: str | None = None, rngs: nnx.Rngs):
+                 scale_offset: float = 0.0, impl: str | None = None, rngs: nnx.Rngs):
         linear = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
                             param_dtype=param_dtype, kernel_init=kernel_init,
                             bias_init=bias_init, rngs=rngs)
         norm = RMSNorm(out_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
-                       use_scale=use_scale, scale_init=scale_init, impl=impl, rngs=rngs)
+                       use_scale=use_scale, scale_init=scale_init, scale_offset=scale_offset,
+                       impl=impl, rngs=rngs)
         super().__init__(linear, norm, dtype)
 
 
@@ -335,11 +337,12 @@ class LinearLayerNorm(_LinearThenNorm):
                  norm_bias_init: Initializer = nnx.initializers.zeros_init(),
                  kernel_init: Initializer = _DEFAULT_KERNEL_INIT,
                  bias_init: Initializer = nnx.initializers.zeros_init(),
-                 impl: str | None = None, rngs: nnx.Rngs):
+                 scale_offset: float = 0.0, impl: str | None = None, rngs: nnx.Rngs):
         linear = nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
                             param_dtype=param_dtype, kernel_init=kernel_init,
                             bias_init=bias_init, rngs=rngs)
         norm = LayerNorm(out_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
                          use_scale=use_scale, use_bias=use_norm_bias, scale_init=scale_init,
-                         bias_init=norm_bias_init, impl=impl, rngs=rngs)
+                         bias_init=norm_bias_init, scale_offset=scale_offset, impl=impl,
+                         rngs=rngs)
         super().__init__(linear, norm, dtype)

@@ -164,6 +164,13 @@ def _post_norm_inputs(
     return x2, w, lead, n, residual
 
 
+def _offset_gain(scale: ArrayLike | None, scale_offset: float) -> jax.Array | None:
+    """The post-norm kernels take the gain as one vector: (scale + offset) in float32."""
+    if scale is None or scale_offset == 0.0:
+        return _array(scale)
+    return jnp.asarray(scale, jnp.float32) + scale_offset
+
+
 def dense_rms_norm(
     x: ArrayLike,
     kernel: ArrayLike,
@@ -171,21 +178,22 @@ def dense_rms_norm(
     scale: ArrayLike | None,
     *,
     eps: float = 1e-6,
+    scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     impl: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain `scale`.
+    """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain (scale + scale_offset).
 
     With `residual`, returns (normed, pre-norm sum) so the sum can feed the
-    residual stream without being recomputed.
+    residual stream without being recomputed. `scale_offset=1.0` is Gemma's
+    (1 + scale) gain.
     """
     _checks.check_eps(eps)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)
-    y, h = autodiff.dense_norm(
-        "rms", x2, w, _array(bias), _array(scale), None, res, eps=eps, impl=impl
-    )
+    gain = _offset_gain(scale, scale_offset)
+    y, h = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps, impl=impl)
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))
 
@@ -198,6 +206,7 @@ def dense_layer_norm(
     norm_bias: ArrayLike | None,
     *,
     eps: float = 1e-6,
+    scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     impl: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
@@ -207,8 +216,9 @@ def dense_layer_norm(
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)
     _checks.check_vector("norm_bias", norm_bias, n)
+    gain = _offset_gain(scale, scale_offset)
     y, h = autodiff.dense_norm(
-        "layer", x2, w, _array(bias), _array(scale), _array(norm_bias), res, eps=eps, impl=impl
+        "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl
     )
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))

@@ -10,6 +10,7 @@ from flax import linen as nn
 import jaxnorm.linen as jlinen
 from judge_layers import assert_grads_match, assert_outputs_match
 from verify import references as ref
+from verify.checks import check_grads_of, check_post_norm_outputs
 
 EPS = 1e-5
 K, N = 48, 40
@@ -134,3 +135,84 @@ def test_gemma_offset_and_jit():
 def test_folded_layer_has_no_scale():
     params = jlinen.RMSNormDense(N, use_scale=False).init(jax.random.key(0), jnp.ones((1, K)))
     assert "norm" not in params["params"]
+
+
+# ------------------------------------------------------------------ post-norm layers
+
+
+class StockPostPair(nn.Module):
+    """nn.Dense, then a stock norm over its outputs (residual added before it)."""
+
+    kind: str
+    dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(self, x, residual=None):
+        h = nn.Dense(N, dtype=self.dtype, bias_init=_shift_init, name="dense")(x)
+        h = h if residual is None else h + residual
+        kw = dict(epsilon=EPS, dtype=self.dtype, scale_init=_gain_init, name="norm")
+        norm = nn.RMSNorm(**kw) if self.kind == "rms" else nn.LayerNorm(bias_init=_shift_init,
+                                                                         **kw)
+        return norm(h) if residual is None else (norm(h), h)
+
+
+def _post_layer(kind, dtype):
+    kw = dict(epsilon=EPS, dtype=dtype, scale_init=_gain_init, bias_init=_shift_init)
+    if kind == "rms":
+        return jlinen.DenseRMSNorm(N, **kw)
+    return jlinen.DenseLayerNorm(N, norm_bias_init=_shift_init, **kw)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("x_dtype,dtype", [(np.float32, None), (ml_dtypes.bfloat16, None),
+                                           (ml_dtypes.bfloat16, jnp.bfloat16)],
+                         ids=["f32", "bf16-promoted", "bf16"])
+def test_post_norm_layers_match_float64(kind, x_dtype, dtype):
+    """Stock parameters (same tree and values as nn.Dense then the norm); y and the
+    pre-norm sum within verify's tolerance of float64; gradients too, residual included."""
+    layer, stock = _post_layer(kind, dtype), StockPostPair(kind, dtype)
+    rng = np.random.default_rng(6)
+    x = jnp.asarray((rng.standard_normal((2, 5, K)) + 0.5).astype(x_dtype))
+    r = jnp.asarray(rng.standard_normal((2, 5, N)).astype(x_dtype))
+    params = layer.init(jax.random.key(3), x, r)
+    stock_params = stock.init(jax.random.key(3), x, r)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(stock_params)):
+        np.testing.assert_array_equal(a, b)
+    assert jax.tree.structure(params) == jax.tree.structure(stock_params)
+
+    y, h = layer.apply(params, x, r)
+    compute = np.dtype(y.dtype)
+    assert compute == np.dtype(stock.apply(params, x, r)[0].dtype)
+    p = params["params"]
+    # Linen keeps the gain and norm bias in their parameter dtype; kernel and bias take dtype.
+    inputs = dict(x=jnp.asarray(x, compute), kernel=jnp.asarray(p["dense"]["kernel"], compute),
+                  bias=jnp.asarray(p["dense"]["bias"], compute), scale=p["norm"]["scale"],
+                  norm_bias=p["norm"].get("bias"), residual=jnp.asarray(r, compute), eps=EPS)
+    assert check_post_norm_outputs(kind, y, h, **inputs) <= 1.0
+
+    dy = jnp.asarray(rng.standard_normal(y.shape), compute)
+
+    def loss(params, x, r):
+        return jnp.sum(layer.apply(params, x, r)[0].astype(jnp.float32) * dy)
+
+    g, dx, dr = jax.grad(loss, argnums=(0, 1, 2))(params, inputs["x"], inputs["residual"])
+    g = g["params"]
+    grads = {"x": dx, "residual": dr, "scale": g["norm"]["scale"],
+             "kernel": jnp.asarray(g["dense"]["kernel"], compute),
+             "bias": jnp.asarray(g["dense"]["bias"], compute)}
+    if kind == "layer":
+        grads["norm_bias"] = g["norm"]["bias"]
+    op = "dense_rms_norm" if kind == "rms" else "dense_layer_norm"
+    assert check_grads_of(op, grads, [np.asarray(dy, np.float64)], **inputs) <= 1.0
+
+
+def test_post_norm_layer_gemma_offset_without_residual():
+    """scale_offset=1 is Gemma's (1 + g) gain; without a residual the layer returns y only."""
+    layer = jlinen.DenseRMSNorm(N, use_bias=False, epsilon=EPS, scale_offset=1.0,
+                                scale_init=_shift_init, impl="xla")
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((3, K)), jnp.float32)
+    params = layer.init(jax.random.key(0), x)
+    p = params["params"]
+    y = jax.jit(layer.apply)(params, x)
+    assert check_post_norm_outputs("rms", y, None, x=x, kernel=p["dense"]["kernel"],
+                                   scale=p["norm"]["scale"], scale_offset=1.0, eps=EPS) <= 1.0

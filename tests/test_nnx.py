@@ -326,3 +326,14 @@ def test_post_norm_layer_loads_stock_values_and_trains():
         return jnp.mean(jnp.square(y - target))
 
     _assert_sgd_lowers(layer, loss)
+
+
+def test_post_norm_layer_gemma_offset():
+    """scale_offset=1 with small scales is Gemma's (1 + g) gain, also in the post-norm layer."""
+    layer = jnnx.LinearRMSNorm(K, N_OUT, use_bias=False, epsilon=EPS, scale_offset=1.0,
+                               scale_init=_shift_init, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((3, K)), jnp.float32)
+    y = layer(x)
+    assert check_post_norm_outputs("rms", y, None, x=x, kernel=layer.linear.kernel[...],
+                                   scale=layer.norm.scale[...], scale_offset=1.0,
+                                   eps=EPS) <= 1.0

@@ -125,6 +125,21 @@ def test_post_norm_residual_returns_sum():
                     residual=res) <= 1.0
 
 
+@pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
+def test_post_norm_scale_offset_is_gemmas_gain(op):
+    """scale_offset=1 with small scales: y uses (1 + scale); values and gradients (scale's
+    included) against the float64 reference."""
+    rng = np.random.default_rng(9)
+    inputs = dict(x=_rng_rows(6, 32, seed=3), kernel=_rng_rows(32, 24, seed=4),
+                  bias=rng.standard_normal(24).astype(np.float32),
+                  scale=(0.1 * rng.standard_normal(24)).astype(np.float32), scale_offset=1.0,
+                  residual=_rng_rows(6, 24, seed=5))
+    if op == "dense_layer_norm":
+        inputs["norm_bias"] = rng.standard_normal(24).astype(np.float32)
+    assert check_op(op, "xla", **inputs) <= 1.0
+    assert check_grad(op, "xla", **inputs) <= 1.0
+
+
 X = np.ones((2, 8), np.float32)
 W = np.ones((8, 4), np.float32)
 V8 = np.ones(8, np.float32)

@@ -61,6 +61,14 @@ def test_dense_layer_norm_matches_reference(rng, bias_mean):
     assert_race_free()
 
 
+def test_gemma_offset_gain_reaches_the_kernel(rng):
+    """scale_offset=1 folds into the one gain vector the kernel reads: (1 + scale)."""
+    inputs = _inputs(rng, 64, 128, 256, BF16, norm_bias=True)
+    inputs["scale"] = (0.1 * rng.standard_normal(256)).astype(F32)
+    check_op("dense_layer_norm", "interpret", scale_offset=1.0, **inputs)
+    assert_race_free()
+
+
 def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False,
                    pre_norm_sum: bool = True) -> None:
     """Run the kernel directly (with `vectors`: bias and gain) and check y and h (unless

@@ -80,13 +80,14 @@ def _dense_judged(name, x, normed, kernel, bias, outputs, statistics_terms=None)
     return judged
 
 
-def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, eps):
+def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, eps,
+                      scale_offset=0.0):
     x64, w64 = f64(x), f64(kernel)
     h64 = ref.pre_norm_sum(x64, w64, bias, residual)
     extra = (0.0 if bias is None else np.abs(f64(bias))) + (
         0.0 if residual is None else np.abs(f64(residual)))
     h_err = tol.dense_tolerance(x64, w64, h64, x.dtype, np.float32, bias=extra)
-    g = ref.gain(scale, 0.0, h64.shape[-1])
+    g = ref.gain(scale, scale_offset, h64.shape[-1])
     if kind == "rms":
         xhat, inv = ref.rms_normalized(h64, eps), ref.rms_inverse(h64, eps)
         y64 = xhat * g
@@ -110,7 +111,8 @@ def check_post_norm_outputs(kind: str, y, h, **inputs) -> float:
     x = np.asarray(inputs["x"])
     judged = _post_norm_judged(kind, x, inputs["kernel"], inputs.get("bias"),
                                inputs.get("scale"), inputs.get("norm_bias"),
-                               inputs.get("residual"), y, h, inputs.get("eps", 1e-6))
+                               inputs.get("residual"), y, h, inputs.get("eps", 1e-6),
+                               inputs.get("scale_offset", 0.0))
     return max(_ratio(j) for j in judged)
 
 
@@ -147,14 +149,17 @@ def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
         return _dense_judged(op, x, normed, kernel, bias, out, statistics_terms=centred)
     residual = inputs.get("residual")
     if op == "dense_rms_norm":
-        y, h = jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=eps,
+        y, h = jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=eps, scale_offset=offset,
                                       residual=_residual(residual, x, kernel), impl=impl)
-        return _post_norm_judged("rms", x, kernel, bias, scale, None, residual, y, h, eps)
+        return _post_norm_judged("rms", x, kernel, bias, scale, None, residual, y, h, eps,
+                                 offset)
     if op == "dense_layer_norm":
         nb = inputs.get("norm_bias")
         y, h = jaxnorm.dense_layer_norm(x, kernel, bias, scale, nb, eps=eps,
+                                        scale_offset=offset,
                                         residual=_residual(residual, x, kernel), impl=impl)
-        return _post_norm_judged("layer", x, kernel, bias, scale, nb, residual, y, h, eps)
+        return _post_norm_judged("layer", x, kernel, bias, scale, nb, residual, y, h, eps,
+                                 offset)
     raise ValueError(f"unknown op {op!r}; known: {OPS}")
 
 
@@ -196,11 +201,11 @@ def _op_function(op: str, impl: str | None, inputs: dict) -> Callable:
             a["x"], a.get("scale"), a.get("norm_bias"), a["kernel"], a.get("bias"), eps=eps,
             scale_offset=offset, impl=impl),
         "dense_rms_norm": lambda a: jaxnorm.dense_rms_norm(
-            a["x"], a["kernel"], a.get("bias"), a.get("scale"), eps=eps,
+            a["x"], a["kernel"], a.get("bias"), a.get("scale"), eps=eps, scale_offset=offset,
             residual=a.get("residual"), impl=impl),
         "dense_layer_norm": lambda a: jaxnorm.dense_layer_norm(
             a["x"], a["kernel"], a.get("bias"), a.get("scale"), a.get("norm_bias"), eps=eps,
-            residual=a.get("residual"), impl=impl),
+            scale_offset=offset, residual=a.get("residual"), impl=impl),
     }
     return fns[op]
 
@@ -219,8 +224,8 @@ def _reference_grads(op: str, inputs: dict, dy: np.ndarray, magnitude: bool) -> 
                                         magnitude=magnitude)
     kind = "rms" if op == "dense_rms_norm" else "layer"
     return gradients.dense_norm_vjp(kind, g("x"), g("kernel"), g("bias"), g("scale"),
-                                    g("norm_bias"), dy, eps=eps, residual=g("residual"),
-                                    magnitude=magnitude)
+                                    g("norm_bias"), dy, eps=eps, scale_offset=offset,
+                                    residual=g("residual"), magnitude=magnitude)
 
 
 def _combined_reference_grads(op: str, inputs: dict, dys: list, magnitude: bool) -> dict:

@@ -82,11 +82,12 @@ def norm_dense_vjp(kind: str, x, scale, norm_bias, kernel, bias, dy, *, eps: flo
 
 
 def dense_norm_vjp(kind: str, x, kernel, bias, scale, norm_bias, dy, *, eps: float,
-                   residual=None, magnitude: bool = False) -> dict:
+                   scale_offset: float = 0.0, residual=None, magnitude: bool = False) -> dict:
     """Gradients of a post-norm op Norm(x @ W + b [+ residual]) against cotangent dy."""
     x, w, dy = f64(x), f64(kernel), f64(dy)
     h = ref.pre_norm_sum(x, w, bias, residual)
-    dh_grads = norm_vjp(kind, h, scale, norm_bias, dy, eps=eps, magnitude=magnitude)
+    dh_grads = norm_vjp(kind, h, scale, norm_bias, dy, eps=eps, scale_offset=scale_offset,
+                        magnitude=magnitude)
     dh = dh_grads["x"]
     k, n = w.shape
     grads = {
