@@ -81,11 +81,10 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
     inputs: dict = {"x": x, "eps": draw(st.sampled_from(EPS_VALUES))}
     dense = op in ("rms_norm_dense", "layer_norm_dense")
     post = op in ("dense_rms_norm", "dense_layer_norm")
-    if not post:
-        offset = draw(st.sampled_from([0.0, 1.0]))
-        inputs["scale_offset"] = offset
-        if draw(st.booleans()):
-            inputs["scale"] = gains(rng, k, offset)
+    offset = draw(st.sampled_from([0.0, 1.0]))
+    inputs["scale_offset"] = offset
+    if not post and draw(st.booleans()):
+        inputs["scale"] = gains(rng, k, offset)
     if op == "layer_norm" and draw(st.booleans()):
         inputs["bias"] = rng.standard_normal(k).astype(np.float32)
     if op == "layer_norm_dense" and draw(st.booleans()):
@@ -105,7 +104,7 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
             inputs["kernel"], inputs["bias"] = kernels[0], None if biases is None else biases[0]
     if post:
         n = inputs["kernel"].shape[1]
-        inputs["scale"] = gains(rng, n, 0.0) if draw(st.booleans()) else None
+        inputs["scale"] = gains(rng, n, offset) if draw(st.booleans()) else None
         if op == "dense_layer_norm" and draw(st.booleans()):
             inputs["norm_bias"] = rng.standard_normal(n).astype(np.float32)
         if draw(st.booleans()):
