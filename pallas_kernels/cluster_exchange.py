@@ -256,8 +256,7 @@ class RowStatsExchange:
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
         if self._via_global:
-            for j, value in enumerate(partials):
-                _store(gmem_scratch.at[cluster_id], (slot, j), value)
+            _store_partials(gmem_scratch.at[cluster_id], slot, partials)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
@@ -336,16 +335,15 @@ class RowStatsExchange:
             target = scratch.gathered
             if self.cluster_size > 1:
                 target = plgpu.cluster_ref(target, {self.axis: peer})
-            for j, value in enumerate(partials):
-                _store(target, (slot, j), value)
+            _store_partials(target, slot, partials)
 
 
-def _store(ref: Any, index: tuple, value: jax.Array) -> None:
-    """ref[index] = value over the first rows; a scalar (a one-row block's stat) fills element 0."""
-    if value.ndim == 0:
-        ref[(*index, 0)] = value
-    else:
-        ref[(*index, pl.ds(0, value.shape[0]))] = value
+def _store_partials(ref: Any, slot, partials: Sequence[jax.Array]) -> None:
+    """ref[slot, j] = partials[j] over the first rows, for every stat j; a scalar (a one-row
+    block's stat) fills element 0. The same stores serve DSMEM peers and the global scratch."""
+    for j, value in enumerate(partials):
+        rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
+        ref[slot, j, rows] = value
 
 
 def _signal_relaxed(semaphores: Sequence[Any]) -> None:
