@@ -18,24 +18,33 @@ Three transports, one interface (`RowStatsExchange.all_gather`):
   `plgpu.cluster_ref`): each party stores its partials from registers into a
   global scratch array, the cluster barrier orders the writes before the
   reads, and every party reads its peers' partials straight from there.
+  There a row's partials lie side by side ([stat, row, partial]), so with 8,
+  16 or 32 of them a reader loads them as one [rows, partials] matrix in the
+  WGMMA layout and sums each row across the four threads that hold it
+  (`loads_as_matrix`), instead of every one of those threads loading every
+  partial (H200, rows of 4096: 32 loads per thread instead of 128).
 
 - "semaphore" (GPU only: the interpreter cannot allocate global semaphores):
   the CTAs sharing a row block are a *group* of a persistent grid, not a
   cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
   at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
   scratch as with "global"; instead of a cluster barrier each party increments
-  a global semaphore of every party of its group (`_signal_relaxed`, after one
-  GPU-scope fence) and waits on its own. Semaphores alternate by round parity,
+  a global semaphore of every party of its group (`_signal_released`) and
+  waits on its own. Semaphores alternate by round parity,
   so a fast peer's next-round signal is never counted for this round. Every CTA of the grid
   must be resident at once (a waiting CTA holds its SM): the kernels launch at
   most one CTA per SM.
 
 Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
-arrive and after each wait (`gpu_fences=True`); the semaphore transport fences
-at GPU scope instead. The interpreter models no fences, so they are emitted
-only when compiling for the GPU. On the H200 the transports gave bitwise
-identical results (tests/gpu_norms/h200_results.md).
+arrive and after each wait (`gpu_fences=True`). The semaphore transport
+synchronizes as CUDA's cooperative-groups grid barrier does: the warpgroup
+meets at a barrier, then one thread fences (release, GPU scope) and signals;
+a waiter's one polling thread fences (acquire) once the count is reached and
+its warpgroup meets at a barrier before reading. The barriers carry the
+ordering to the other 127 threads, so none of them fences (every thread
+fencing cost about 1 us per row block on the H200). The interpreter models no
+fences, so they are emitted only when compiling for the GPU.
 
 Through global memory, partials move by plain stores from registers and plain
 loads (`plgpu.load(..., optimized=False)`: Mosaic's optimized transfers are to
@@ -60,15 +69,6 @@ or exited. The wait is off the critical path: the arrivals happen right after
 a round's combine, a whole K-loop before the next push. With "global" and
 "semaphore" each row block has its own scratch slot, written once and read in
 place, so nothing more is needed.
-
-Overlapped rounds (`overlapped=True`, "global" and "semaphore" only): a kernel
-that normalizes a row block only after the next block's K-loop publishes
-round r+1 before it collects round r (`publish`, later `collect`), so the
-exchange's latency hides behind a K-loop. The barriers (semaphores) then
-alternate by round parity: a party publishes round r+2 only after collecting
-round r+1, which needs every party's round r+1 publication, which each party
-makes only after it collected round r, so a parity's barrier phase (or
-semaphore count) never runs two rounds ahead of a waiter.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ExchangeScratch(NamedTuple):
     # [num_partials, num_stats, >= rows] float32: every party's partials ("dsmem", or a
     # one-CTA cluster; the transports through global memory read them in place: None)
     gathered: Any
-    barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA); 2 if overlapped
+    barrier: Any  # cluster barrier (or a CTA barrier when the cluster has one CTA)
     free: Any  # every party is done reading: a cluster barrier (repeated "dsmem"), else None
 
 
@@ -128,8 +128,6 @@ class RowStatsExchange:
         "semaphore" (GPU grid group).
       gpu_fences: emit the cluster-scope fences (False under the interpreter).
       repeated: the kernel exchanges once per row block, several times per CTA.
-      overlapped: round r+1 is published before round r is collected
-        (`publish` / `collect`); "global" and "semaphore" with cluster_size > 1.
     """
 
     axis: str
@@ -140,7 +138,6 @@ class RowStatsExchange:
     transport: Transport
     gpu_fences: bool
     repeated: bool = False
-    overlapped: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in ("dsmem", "global", "semaphore"):
@@ -148,9 +145,6 @@ class RowStatsExchange:
                 f"transport must be 'dsmem', 'global' or 'semaphore'; got {self.transport!r}")
         if self.cluster_size < 1 or self.parties < 1:
             raise ValueError(f"cluster_size and parties must be >= 1; got {self}")
-        if self.overlapped and not self._via_global:
-            raise ValueError("overlapped rounds need transport 'global' or 'semaphore' and "
-                             f"cluster_size > 1; got {self.transport!r}, {self.cluster_size}")
 
     @property
     def num_partials(self) -> int:
@@ -175,6 +169,24 @@ class RowStatsExchange:
         return self._via_global
 
     @property
+    def loads_as_matrix(self) -> bool:
+        """Readers load a row's partials as one [rows, partials] matrix (`partials_matrix`):
+        they lie side by side in global memory, and the WGMMA layout takes 8 columns at a
+        time. Otherwise partial by partial (`partial_rows`)."""
+        return self._via_global and self.num_partials % 8 == 0
+
+    def partial_rows(self, gathered: Any, p: int, j: int) -> Any:
+        """Stat j of partial p for every row, in the buffer `collect` returned."""
+        return gathered.at[j, :, p] if self._via_global else gathered.at[p, j]
+
+    def partials_matrix(self, gathered: Any, j: int) -> Any:
+        """Stat j of every partial, [rows, partials], in the global scratch (`loads_as_matrix`)."""
+        if not self.loads_as_matrix:
+            raise ValueError(f"partials load one by one here ({self.transport!r}, "
+                             f"{self.num_partials} partials)")
+        return gathered.at[j]
+
+    @property
     def _via_semaphores(self) -> bool:
         return self.transport == "semaphore" and self.cluster_size > 1
 
@@ -185,12 +197,10 @@ class RowStatsExchange:
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
-        per_round = dict(num_barriers=2) if self.overlapped else {}
         if self._via_semaphores:
             barrier = None
         elif self.cluster_size > 1:
-            barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties,
-                                           **per_round)
+            barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
         else:
             barrier = plgpu.Barrier(num_arrivals=self.parties)
         free = None
@@ -205,7 +215,7 @@ class RowStatsExchange:
         """The extra kernel output the "global" transport writes partials to (else None)."""
         if not self._via_global:
             return None
-        shape = (num_clusters, self.num_partials, self.num_stats, self._padded_rows)
+        shape = (num_clusters, self.num_stats, self._padded_rows, self.num_partials)
         return jax.ShapeDtypeStruct(shape, jnp.float32)
 
     def semaphores(self, num_groups: int) -> Any:
@@ -230,14 +240,12 @@ class RowStatsExchange:
         """Publish this party's `partials` (num_stats arrays of [rows], or scalars when
         rows == 1); wait for everyone's; return the buffer that holds them.
 
-        In the returned ref, [p, j] is stat j of partial p, where
-        p = rank_in_cluster * parties + party, for every p. With `repeated`,
-        `site.round_index` counts the exchanges this CTA made before; call
-        `release` once done reading the partials and `finish` before exiting.
-        Overlapped exchanges call `publish` and `collect` apart instead.
+        Read stat j of partial p, where p = rank_in_cluster * parties + party,
+        with `partial_rows` (or all partials at once with `partials_matrix`).
+        With `repeated`, `site.round_index` counts the exchanges this CTA made
+        before; call `release` once done reading the partials and `finish`
+        before exiting.
         """
-        if self.overlapped:
-            raise ValueError("an overlapped exchange publishes and collects apart")
         self.publish(partials, scratch, gmem_scratch, site)
         return self.collect(scratch, gmem_scratch, site)
 
@@ -249,14 +257,14 @@ class RowStatsExchange:
         site: Site,
     ) -> None:
         """Send this party's partials of round `site.round_index` and signal them; no
-        waiting on peers (an overlapped kernel collects the round after its next K-loop)."""
+        waiting on peers (the caller may do other work before `collect`)."""
         party, cluster_id, round_index, semaphores, group = site
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
         if self._via_global:
-            _store_partials(gmem_scratch.at[cluster_id], slot, partials)
+            _store_partials_side_by_side(gmem_scratch.at[cluster_id], slot, partials)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
@@ -267,17 +275,14 @@ class RowStatsExchange:
                     pl.when(round_index > 0)(self._wait_free(scratch))
             self._publish_dsmem(partials, scratch, slot)
         if self._via_semaphores:
-            # Make the stores visible at GPU scope before the relaxed semaphore increments.
-            if self.gpu_fences:
-                _fence("fence.acq_rel.gpu;")
             parity = jax.lax.rem(round_index, 2)
-            _signal_relaxed([self._semaphore(semaphores, group, member, q, parity)
-                             for member in range(self.cluster_size)
-                             for q in range(self.parties)])
+            _signal_released([self._semaphore(semaphores, group, member, q, parity)
+                              for member in range(self.cluster_size)
+                              for q in range(self.parties)], fence=self.gpu_fences)
         else:
             if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
-            plgpu.barrier_arrive(self._round_barrier(scratch, round_index))
+            plgpu.barrier_arrive(scratch.barrier)
 
     def collect(
         self,
@@ -286,28 +291,22 @@ class RowStatsExchange:
         site: Site,
     ) -> Any:
         """Wait for every party's partials of round `site.round_index`; return the buffer
-        that holds them ([partial, stat, row], as from `all_gather`): shared memory,
-        or the global scratch for the transports through global memory."""
+        that holds them (as from `all_gather`): shared memory, or the global scratch
+        for the transports through global memory."""
         party, cluster_id, round_index, semaphores, group = site
         if self._via_semaphores:
             rank = jax.lax.axis_index(self.axis)
             parity = jax.lax.rem(round_index, 2)
+            # One thread polls, fences (acquire, GPU scope), then the warpgroup meets.
             plgpu.semaphore_wait(self._semaphore(semaphores, group, rank, party, parity),
                                  self.num_partials, memory_scope="gpu")
-            if self.gpu_fences:
-                _fence("fence.acq_rel.gpu;")
         else:
-            plgpu.barrier_wait(self._round_barrier(scratch, round_index))
+            plgpu.barrier_wait(scratch.barrier)
             if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
         if self._via_global:
             return gmem_scratch.at[cluster_id]
         return scratch.gathered
-
-    def _round_barrier(self, scratch: ExchangeScratch, round_index) -> Any:
-        if not self.overlapped:
-            return scratch.barrier
-        return scratch.barrier.at[jax.lax.rem(round_index, 2)]
 
     def release(self, scratch: ExchangeScratch) -> None:
         """This party is done reading `gathered` (repeated DSMEM exchanges only)."""
@@ -339,26 +338,38 @@ class RowStatsExchange:
 
 
 def _store_partials(ref: Any, slot, partials: Sequence[jax.Array]) -> None:
-    """ref[slot, j] = partials[j] over the first rows, for every stat j; a scalar (a one-row
-    block's stat) fills element 0. The same stores serve DSMEM peers and the global scratch."""
+    """ref[slot, j] = partials[j] over the first rows, for every stat j (DSMEM peers' and a
+    one-CTA cluster's gathered buffer); a scalar (a one-row block's stat) fills element 0."""
     for j, value in enumerate(partials):
         rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
         ref[slot, j, rows] = value
 
 
-def _signal_relaxed(semaphores: Sequence[Any]) -> None:
-    """Add 1 to each global semaphore with relaxed GPU-scope reductions from one thread.
+def _store_partials_side_by_side(ref: Any, slot, partials: Sequence[jax.Array]) -> None:
+    """ref[j, :, slot] = partials[j] (global scratch, [stat, row, partial]): column `slot`,
+    so a reader finds a row's partials next to each other."""
+    for j, value in enumerate(partials):
+        rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
+        ref[j, rows, slot] = value
 
-    The caller has fenced (fence.acq_rel.gpu) once, which with the relaxed
-    reductions makes a release. `plgpu.semaphore_signal_parallel` of jax 0.11.2
-    emits a system-scope fence after every signal instead: on the H200 that
-    cost 11-41 us per exchange round for groups of 4-16 CTAs (2 x 4-16
-    signals per warpgroup), most of the group kernel's loss.
+
+def _signal_released(semaphores: Sequence[Any], *, fence: bool) -> None:
+    """Release the warpgroup's prior writes to the holders of `semaphores`: the
+    warpgroup meets at a barrier, then one thread fences once (fence.acq_rel.gpu,
+    if `fence`) and adds 1 to each semaphore with relaxed GPU-scope reductions.
+
+    `plgpu.semaphore_signal_parallel` of jax 0.11.2 emits a system-scope fence
+    after every signal instead: on the H200 that cost 11-41 us per exchange
+    round for groups of 4-16 CTAs (2 x 4-16 signals per warpgroup), most of
+    the group kernel's loss.
     """
     @plgpu.inline_mgpu(arg_types=tuple(plgpu.RefType() for _ in semaphores))
     def emit(_ctx, *refs):
-        mgpu_utils.warpgroup_barrier()  # every thread of the warpgroup has fenced
+        mgpu_utils.warpgroup_barrier()  # every thread's partials are stored
         one_thread = mgpu_utils.single_thread_predicate(mgpu_utils.ThreadSubset.WARPGROUP)
+        if fence:
+            mgpu_utils.inline_ptx("fence.acq_rel.gpu;", predicate=one_thread,
+                                  has_side_effects=True)
         for ref in refs:
             mgpu_utils.SemaphoreRef(mgpu_utils.memref_ptr(ref)).signal(
                 1, predicate=one_thread, relaxed=True, memory_scope="gpu")

@@ -33,10 +33,6 @@ of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
 128 x 256 CTA tiles in groups of 16 and every SM can work; the statistics then
 go through global memory and semaphores (`cluster_exchange`).
 `select_gpu_config` takes a group wherever it needs fewer rounds than clusters.
-
-With `overlap=True` (transports through global memory) a block's partials are
-collected only after the next block's K-loop, and its y normalized from the
-bf16 h left in the staging tile; off by default (measured slower).
 """
 
 from __future__ import annotations
@@ -52,7 +48,8 @@ from jax import lax
 
 from pallas_kernels import _gemm_core
 from pallas_kernels.cluster_exchange import RowStatsExchange, Site, Transport
-from pallas_kernels.row_norm import Kind, combine_layer, combine_rms, num_stats
+from pallas_kernels.row_norm import (Kind, combine_layer, combine_layer_matrix, combine_rms,
+                                     combine_rms_matrix, num_stats)
 
 _MAX_CLUSTER = 8  # the portable cluster size limit
 # CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
@@ -99,10 +96,6 @@ class PostNormConfig:
       multicast: load x's tile once per cluster with a TMA multicast (GPU only:
         the interpreter has no cluster-collective barriers).
       delay_release: wgmma groups left in flight before a pipeline slot is released.
-      overlap: normalize each row block only after the next block's K-loop, so
-        the statistics exchange hides behind it: h waits in the staging tile
-        (bf16) and y is normalized from it. Transports "global" and
-        "semaphore" with cluster_n > 1.
     """
 
     tile_m: int
@@ -114,7 +107,6 @@ class PostNormConfig:
     grid_clusters: int | None = None
     multicast: bool = False
     delay_release: int = 0
-    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -131,10 +123,6 @@ class PostNormConfig:
             raise ValueError(f"grid_clusters={self.grid_clusters} must be >= 1 (or None)")
         if self.delay_release not in (0, 1):
             raise ValueError(f"delay_release={self.delay_release} must be 0 or 1")
-        if self.overlap and (self.transport == "dsmem" or self.cluster_n == 1):
-            raise ValueError("overlap needs a transport through global memory ('global' or "
-                             f"'semaphore') and cluster_n > 1; got {self.transport!r}, "
-                             f"cluster_n={self.cluster_n}")
         if self.multicast and self.transport != "dsmem":
             raise ValueError("multicast runs only on the GPU (transport='dsmem')")
         if self.multicast and not _can_multicast(self.tile_m, self.cluster_n):
@@ -147,19 +135,15 @@ class PostNormConfig:
         return _COMPUTE_WGS * self.tile_n
 
 
-def stages_whole_tiles(config: PostNormConfig, residual: bool) -> bool:
-    """A residual (loaded during the K-loop) and overlap's deferred h need a whole staged
-    tile per warpgroup; otherwise h and y leave in double-buffered 64 x 64 pieces, as in the
-    plain GEMM (32-wide pieces, to fit a fourth stage, measured slower on the H200)."""
-    return residual or config.overlap
-
-
 def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, *,
                residual: bool = False) -> int:
     """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (as many
     float32 ones as `kind` takes), gathered partials (DSMEM) and barriers."""
     stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
-    if stages_whole_tiles(config, residual):
+    # A residual (loaded during the K-loop) is staged as a whole tile per warpgroup; without
+    # one, h and y leave in double-buffered 64 x 64 pieces, as in the plain GEMM (32-wide
+    # pieces, to fit a fourth stage, measured slower on the H200).
+    if residual:
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
         staging = _COMPUTE_WGS * _PIECE_SLOTS * _PIECE * _PIECE * itemsize
@@ -305,10 +289,7 @@ def select_config(
                                     # (230 vs 231 us, 8192x4096x2048) and
                                     # slower with 64-row ones (670 vs 572 us,
                                     # 8192x4096x4096): off by default.
-                                    multicast=False,
-                                    # Measured slower at 13 of 14 H200 shapes
-                                    # (groups, K = 4096): off by default.
-                                    overlap=False)
+                                    multicast=False)
             if smem_bytes(config, kind, residual=residual) <= _MAX_SMEM_BYTES:
                 check_shape(m, k, n, config, kind, residual=residual)
                 return config
@@ -349,7 +330,7 @@ def _kernel(
     swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
     swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
-    whole_tiles = stages_whole_tiles(config, has_residual)
+    whole_tiles = has_residual
     io_swizzle = plgpu.find_swizzle((tile_n if whole_tiles else _PIECE)
                                     * jnp.dtype(dtype).itemsize * 8)
     io_transforms = (
@@ -425,12 +406,11 @@ def _kernel(
         def bcast(v: jax.Array, shape: tuple[int, int], dim: int) -> jax.Array:
             return plgpu.layout_cast(lax.broadcast_in_dim(v, shape, [dim]), layout)
 
-        def load_vectors(wg, rounds, *, landed: bool = False) -> dict[str, jax.Array]:
-            """The epilogue vectors; the first round waits for their copy (unless `landed`)."""
+        def load_vectors(wg, rounds) -> dict[str, jax.Array]:
+            """The epilogue vectors; the first round waits for their copy."""
             if not vectors:
                 return {}
-            if not landed:
-                pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
+            pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[wg]))
             return {name: plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
                     for (_, name), smem in zip(vectors, vec_smem)}
 
@@ -456,18 +436,33 @@ def _kernel(
             c = d - bcast(mean_d, h.shape, 0)
             return [shift, mean_d, jnp.sum(c * c, axis=1)]
 
-        def normalize(h, gathered, row0: int, loaded) -> jax.Array:
-            """Norm of the rows [row0, row0 + h.shape[0]) of a block from the gathered partials."""
-            def partial(p: int, j: int) -> jax.Array:
-                return plgpu.load(gathered.at[p, j, pl.ds(row0, h.shape[0])], layout=row_layout,
-                                  optimized=not exchange.gathered_in_global)
+        def row_statistics(gathered) -> tuple[jax.Array, ...]:
+            """The block's (row scale,) for RMSNorm or (shift, mean, 1/std) for LayerNorm,
+            per row, from every party's partials."""
+            row_count = n_cluster * config.cta_n
+            if exchange.loads_as_matrix:
+                stats = [plgpu.load(exchange.partials_matrix(gathered, j), layout=layout,
+                                    optimized=False) for j in range(exchange.num_stats)]
+                if kind == "rms":
+                    return (combine_rms_matrix(stats[0], row_count, eps),)
+                along_rows = lambda v: bcast(v, stats[0].shape, 0)  # noqa: E731
+                return combine_layer_matrix(*stats, tile_n, eps, along_rows)
 
-            num_partials = exchange.num_partials
+            def partial(p: int, j: int) -> jax.Array:
+                return plgpu.load(exchange.partial_rows(gathered, p, j).at[pl.ds(0, tile_m)],
+                                  layout=row_layout, optimized=not exchange.gathered_in_global)
+
             if kind == "rms":
-                row_scale = combine_rms(partial, num_partials, n_cluster * config.cta_n, eps)
+                return (combine_rms(partial, exchange.num_partials, row_count, eps),)
+            return combine_layer(partial, exchange.num_partials, tile_n, eps)
+
+        def normalize(h, gathered, loaded) -> jax.Array:
+            """Norm of the block's rows from the gathered partials, then gain and bias."""
+            if kind == "rms":
+                (row_scale,) = row_statistics(gathered)
                 y = h * bcast(row_scale, h.shape, 0)
             else:
-                shift0, mu, inv = combine_layer(partial, num_partials, tile_n, eps)
+                shift0, mu, inv = row_statistics(gathered)
                 y = ((h - bcast(shift0, h.shape, 0)) - bcast(mu, h.shape, 0)) * bcast(
                     inv, h.shape, 0)
             if has_scale:
@@ -508,7 +503,7 @@ def _kernel(
             return Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
                         group=lax.axis_index("m"))
 
-        def epilogue_inline(acc, wg, cols, io, m_idx, rows, rounds):
+        def epilogue(acc, wg, cols, io, m_idx, rows, rounds):
             """Publish this block's partials, store h while the peers' arrive, collect
             them and normalize."""
             loaded = load_vectors(wg, rounds)
@@ -519,44 +514,9 @@ def _kernel(
             if store_h:
                 piece = store_tile(h, io, h_gmem, rows, cols)
             gathered = exchange.collect(ex_scratch, stats_gmem, site)
-            y = normalize(h, gathered, 0, loaded)
+            y = normalize(h, gathered, loaded)
             exchange.release(ex_scratch)
             store_tile(y, io, y_gmem, rows, cols, piece)
-
-        def finish_staged_block(wg, io, m_idx, rounds) -> None:
-            """Overlapped: normalize the staged h of block `m_idx` (exchange round
-            `rounds`) in place, 64 rows at a time (the next block's accumulators
-            hold their registers meanwhile), and store it as y."""
-            gathered = exchange.collect(ex_scratch, stats_gmem, exchange_site(wg, m_idx, rounds))
-            loaded = load_vectors(wg, rounds, landed=True)  # waited for when this block published
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # h's store has read the tile
-            for row0 in range(0, tile_m, 64):
-                chunk = io.at[pl.ds(row0, 64)]
-                h = plgpu.load(chunk, layout=layout).astype(jnp.float32)
-                chunk[...] = normalize(h, gathered, row0, loaded).astype(dtype)
-            store_staged(io, y_gmem, pl.ds(m_idx * tile_m, tile_m), wg_cols(wg))
-            # After store_staged's proxy fence: the next gather is an async-proxy write.
-            exchange.release(ex_scratch)
-
-        def epilogue_overlapped(acc, wg, cols, io, m_idx, rows, rounds):
-            """Publish this block's partials, finish the previous block, stage h for the next."""
-            previous = lambda: finish_staged_block(wg, io, m_idx - grid, rounds - 1)  # noqa: E731
-            if has_residual:
-                # The staging tile holds the previous block's h until it is normalized.
-                pl.when(rounds > 0)(previous)
-                stage_residual(io, rows, cols, wg)
-            loaded = load_vectors(wg, rounds)
-            h = pre_norm_sum(acc, loaded, io)
-            exchange.publish(row_partials(h), ex_scratch, stats_gmem,
-                             exchange_site(wg, m_idx, rounds))
-            if not has_residual:
-                pl.when(rounds > 0)(previous)
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # y's store has read the tile
-            io[...] = h.astype(dtype)
-            if store_h:
-                store_staged(io, h_gmem, rows, cols)
-
-        epilogue = epilogue_overlapped if config.overlap else epilogue_inline
 
         # Persistent: the grid's clusters walk the row blocks, each cluster
         # exchanging once per block.
@@ -569,7 +529,7 @@ def _kernel(
                 wg = lax.axis_index("wg")
                 cols = wg_cols(wg)
                 io = io_smem.at[wg]
-                if has_residual and not config.overlap:
+                if has_residual:
                     stage_residual(io, rows, cols, wg)
 
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
@@ -590,11 +550,6 @@ def _kernel(
 
         @pl.when(is_compute)
         def _finish():
-            if config.overlap:
-                wg = lax.axis_index("wg")
-                last_block = lax.axis_index("m") + (_row_blocks - 1) * grid
-                pl.when(_row_blocks > 0)(lambda: finish_staged_block(
-                    wg, io_smem.at[wg], last_block, _row_blocks - 1))
             exchange.finish(ex_scratch, _row_blocks)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -650,7 +605,6 @@ def post_norm_matmul(
         transport=config.transport,
         gpu_fences=not interpret,
         repeated=True,
-        overlapped=config.overlap,
     )
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype)] * (2 if pre_norm_sum else 1)
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:

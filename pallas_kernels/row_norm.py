@@ -293,17 +293,39 @@ def combine_layer(
     return shift0, mu, safe_rsqrt(m2 * (1.0 / (count * num_partials)) + eps)
 
 
+def combine_rms_matrix(sums_of_squares: jax.Array, k: int, eps: float) -> jax.Array:
+    """combine_rms from a [rows, partials] matrix of partial sums of squares."""
+    return safe_rsqrt(jnp.sum(sums_of_squares, axis=1) * (1.0 / k) + eps)
+
+
+def combine_layer_matrix(
+    shift: jax.Array, mean_d: jax.Array, m2: jax.Array, count: int, eps: float,
+    along_rows: Callable[[jax.Array], jax.Array],
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """combine_layer from [rows, partials] matrices of Chan partials, `count` each; the
+    reference shift s_0 is the partials' mean shift. `along_rows` broadcasts a [rows]
+    vector to the matrices' shape (and layout)."""
+    parts = shift.shape[1]
+    shift0 = jnp.sum(shift, axis=1) * (1.0 / parts)
+    means = (shift - along_rows(shift0)) + mean_d
+    mu = jnp.sum(means, axis=1) * (1.0 / parts)
+    spread = means - along_rows(mu)
+    m2 = jnp.sum(m2, axis=1) + jnp.sum(spread * spread, axis=1) * float(count)
+    return shift0, mu, safe_rsqrt(m2 * (1.0 / (count * parts)) + eps)
+
+
 def num_stats(kind: Kind) -> int:
     return 1 if kind == "rms" else 3
 
 
-def _gathered_stat(gathered, rows: int, row_vec_layout: plgpu.Layout, in_global: bool, p: int,
-                   j: int) -> jax.Array:
+def _gathered_stat(exchange: RowStatsExchange, gathered, rows: int,
+                   row_vec_layout: plgpu.Layout, p: int, j: int) -> jax.Array:
     """Stat j of partial p for every row of the block (a scalar for one-row blocks)."""
+    stat = exchange.partial_rows(gathered, p, j)
     if rows == 1:
-        return gathered[p, j, 0]
-    return plgpu.load(gathered.at[p, j, pl.ds(0, rows)], layout=row_vec_layout,
-                      optimized=not in_global)
+        return stat[0]
+    return plgpu.load(stat.at[pl.ds(0, rows)], layout=row_vec_layout,
+                      optimized=not exchange.gathered_in_global)
 
 
 def _kernel(
@@ -398,8 +420,7 @@ def _kernel(
             partials = [jnp.sum(v, axis=0) for v in partials]
         gathered = exchange.all_gather(partials, ex_scratch, stats_gmem,
                                        Site(party=0, cluster_id=lax.axis_index("m")))
-        partial = functools.partial(_gathered_stat, gathered, bm, layout.reduce(1),
-                                    exchange.gathered_in_global)
+        partial = functools.partial(_gathered_stat, exchange, gathered, bm, layout.reduce(1))
     if kind == "rms":
         inv = combine_rms(partial, n, k, eps)
         shift = mu = None

@@ -70,13 +70,13 @@ def test_gemma_offset_gain_reaches_the_kernel(rng):
 
 
 def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False,
-                   pre_norm_sum: bool = True) -> None:
-    """Run the kernel directly (with `vectors`: bias and gain) and check y and h (unless
-    not asked for: then it must be None) against float64."""
+                   pre_norm_sum: bool = True, bias_mean: float = 0.0) -> None:
+    """Run the kernel directly (with `vectors`: bias, of mean `bias_mean`, and gain) and
+    check y and h (unless not asked for: then it must be None) against float64."""
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
     r = rng.standard_normal((m, n)).astype(BF16) if residual else None
-    bias = rng.standard_normal(n).astype(F32) if vectors else None
+    bias = (bias_mean + rng.standard_normal(n)).astype(F32) if vectors else None
     gain = (1.0 + 0.2 * rng.standard_normal(n)).astype(F32) if vectors else np.ones(n, F32)
     y, h = pn.post_norm_matmul(jnp.asarray(x), jnp.asarray(w),
                                None if bias is None else jnp.asarray(bias),
@@ -111,20 +111,33 @@ def test_narrow_k_steps_without_bias_or_residual(rng, kind):
     _run_and_check(rng, kind, 64, 96, 256, config, residual=False)
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlap"])
 @pytest.mark.parametrize(
     "kind, grid_clusters, residual",
     [("rms", 2, True), ("layer", 1, True), ("layer", 2, False)],
     ids=["rms-2-clusters", "layer-1-cluster", "layer-no-residual"],
 )
-def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, residual, overlap):
+def test_persistent_clusters_walk_several_row_blocks(rng, kind, grid_clusters, residual):
     """Fewer clusters than row blocks: each cluster exchanges statistics once per block,
-    reusing its staging tile, exchange buffers and pipeline across blocks. Overlapped,
-    a block is normalized after the next block's K-loop (the last one after the loop)."""
+    reusing its staging tile, exchange buffers and pipeline across blocks."""
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=64,
                                max_concurrent_steps=2, transport="global",
-                               grid_clusters=grid_clusters, overlap=overlap)
+                               grid_clusters=grid_clusters)
     _run_and_check(rng, kind, 192, 128, 256, config, residual=residual, vectors=True)
+
+
+@pytest.mark.parametrize("kind, bias_mean", [("rms", 0.0), ("layer", 100.0)],
+                         ids=["rms", "layer-mean100"])
+def test_eight_partials_combine_as_one_matrix(rng, kind, bias_mean):
+    """A 4-CTA cluster has 8 partials per row: read from global memory as one [rows, 8]
+    matrix and reduced across each row's threads (what groups of 4-16 CTAs run on the
+    GPU), LayerNorm's Chan combine included (rows with mean 100)."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=4, tile_k=64,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1)
+    exchange = pn.RowStatsExchange(axis="n", cluster_size=4, parties=2, num_stats=1, rows=64,
+                                   transport="global", gpu_fences=False)
+    assert exchange.loads_as_matrix
+    _run_and_check(rng, kind, 128, 64, 512, config, residual=False, vectors=True,
+                   bias_mean=bias_mean)
 
 
 @pytest.mark.parametrize("pre_norm_sum", [True, False], ids=["h", "no-h"])
@@ -148,15 +161,6 @@ def test_residual_keeps_whole_staged_tiles_without_h(rng):
                                max_concurrent_steps=2, transport="global", grid_clusters=1)
     _run_and_check(rng, "rms", 128, 64, 256, config, residual=True, vectors=True,
                    pre_norm_sum=False)
-
-
-@pytest.mark.parametrize("kind", ["rms", "layer"])
-def test_overlap_normalizes_128_row_blocks_in_two_halves(rng, kind):
-    """128-row tiles: the staged h is normalized 64 rows at a time."""
-    config = pn.PostNormConfig(tile_m=128, tile_n=64, cluster_n=2, tile_k=64,
-                               max_concurrent_steps=2, transport="global", grid_clusters=1,
-                               overlap=True)
-    _run_and_check(rng, kind, 256, 64, 256, config, residual=kind == "rms")
 
 
 # ------------------------------------------------------------------- heuristics
