@@ -22,16 +22,16 @@ Three transports, one interface (`RowStatsExchange.all_gather`):
   16 or 32 of them a reader loads them as one [rows, partials] matrix in the
   WGMMA layout and sums each row across the four threads that hold it
   (`loads_as_matrix`), instead of every one of those threads loading every
-  partial (H200, rows of 4096: 32 loads per thread instead of 128).
-
+  partial (H200, rows of 4096: 32 loads per thread instead of 128; the
+  post-norm GEMM 0.4-7% faster).
 - "semaphore" (GPU only: the interpreter cannot allocate global semaphores):
   the CTAs sharing a row block are a *group* of a persistent grid, not a
   cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
   at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
   scratch as with "global"; instead of a cluster barrier each party increments
   a global semaphore of every party of its group (`_signal_released`) and
-  waits on its own. Semaphores alternate by round parity,
-  so a fast peer's next-round signal is never counted for this round. Every CTA of the grid
+  waits on its own. Semaphores alternate by round parity, so a fast peer's
+  next-round signal is never counted for this round. Every CTA of the grid
   must be resident at once (a waiting CTA holds its SM): the kernels launch at
   most one CTA per SM.
 
@@ -39,12 +39,13 @@ Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
 arrive and after each wait (`gpu_fences=True`). The semaphore transport
 synchronizes as CUDA's cooperative-groups grid barrier does: the warpgroup
-meets at a barrier, then one thread fences (release, GPU scope) and signals;
+meets at a barrier, then one thread fences (fence.acq_rel.gpu) and signals;
 a waiter's one polling thread fences (acquire) once the count is reached and
 its warpgroup meets at a barrier before reading. The barriers carry the
-ordering to the other 127 threads, so none of them fences (every thread
-fencing cost about 1 us per row block on the H200). The interpreter models no
-fences, so they are emitted only when compiling for the GPU.
+ordering to the other 127 threads, so none of them fences. (The one fence
+costs about what 128 did, 0.4-1 us per row block on the H200: a release waits
+for the stores to reach L2.) The interpreter models no fences, so they are
+emitted only when compiling for the GPU.
 
 Through global memory, partials move by plain stores from registers and plain
 loads (`plgpu.load(..., optimized=False)`: Mosaic's optimized transfers are to
@@ -52,7 +53,7 @@ shared memory only), so there is no TMA round trip, no proxy fence and no
 shared-memory copy of the gathered partials: the 17-52 KiB per CTA that copy
 took now hold pipeline stages. On the H200 that was as fast as a TMA gather
 into shared memory at rows up to 2048 and 1.5-2% slower at rows of 4096
-(16 partials a row), and took the residual and LayerNorm cases from 32 x 5 or
+(16 partials a row, then read one by one), and took the residual and LayerNorm cases from 32 x 5 or
 64 x 2 stages to 64 x 3 (LayerNorm with a residual at 8192 x 4096 x 4096: 594
 to 488 us).
 
