@@ -115,13 +115,19 @@ def test_post_norm_without_vectors_or_residual_lowers():
 
 
 def test_semaphore_signals_fence_once_at_gpu_scope():
-    """The grid-group exchange signals with relaxed GPU-scope reductions after one fence:
-    jax's `semaphore_signal_parallel` fences at system scope after every signal, which
+    """The grid-group exchange signals its group's counter with one relaxed GPU-scope
+    reduction after one fence, and waiters poll it with plain loads: jax's
+    `semaphore_signal_parallel` fences at system scope after every signal, which
     cost 11-41 us per row block on the H200 (tests/gpu_norms/h200_results.md)."""
     config = pn.select_config(4096, 1024, 2048, BF16, kind="rms", transport="semaphore")
     fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)
     text = _lower(fn, S((4096, 1024), BF16), S((1024, 2048), BF16), None, None, None, None)
-    assert "red.relaxed.gpu.global.add" in text
+    assert text.count("red.relaxed.gpu.global.add") == 1
+    assert text.count("fence.acq_rel.gpu") == 1
+    assert "ld.relaxed.gpu.global" in text and "atom.relaxed.gpu.global.cas" not in text
     assert "fence.release.sys" not in text
+    # The counters only grow: they count on jax zero-filling them (one per group) before
+    # every call.
+    assert f"-> tensor<{config.grid_clusters}xi32>" in text
     # Partials move by plain stores and loads: no TMA round trip, so no proxy fence.
     assert "fence.proxy.async.global" not in text

@@ -25,7 +25,8 @@ costs its section, not the run):
 6. post_semaphore: grid groups bitwise against the global transport and
    against float64;
    post_anatomy: a group kernel's time with parts of its exchange removed
-   (diagnostic: outputs then wrong and unchecked).
+   (diagnostic: outputs then wrong and unchecked); post_kernels: the kernels
+   one call launches, each with its CUPTI time.
 
 ONLY=post,post_time,post_sweep runs a subset of the sections; a section that
 times out (a hung kernel) stops the run. MATCH_post_time=+res runs only that
@@ -62,7 +63,7 @@ BF16 = jnp.bfloat16
 # Measured on the H200 (first run, 225 s in all): rows 26 s, post 21 s; the
 # timing sections ran out of time before their last items.
 SECTIONS = {"rows": 35, "post": 60, "norm_time": 85, "post_time": 220, "norm_sweep": 110,
-            "post_sweep": 180, "post_semaphore": 60,
+            "post_sweep": 180, "post_semaphore": 60, "post_kernels": 60,
             "post_anatomy": 300}
 # ONLY=post,post_time runs a subset (the device allows 600 s per call).
 if os.environ.get("ONLY"):
@@ -575,6 +576,30 @@ def section_post_semaphore(sec: Section) -> None:
     agree("layer", 2048, 512, 512, False)  # 16 blocks, 16 of 66 groups of 2
 
 
+def section_post_kernels(sec: Section) -> None:
+    """The kernels one call of the GPU pick launches, each with its CUPTI time (median of 5
+    calls): jax zero-fills a kernel's global semaphores before every call, in a kernel
+    of its own that the timings above include."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    from pallas_kernels import post_norm_matmul as pn
+
+    for m, k, n in ((8192, 4096, 2048), (4096, 4096, 1024), (8192, 4096, 4096)):
+        def run(m=m, k=k, n=n):
+            rng = np.random.default_rng(m + n)
+            x, w = rand(rng, (m, k)), rand(rng, (k, n), BF16, 1 / np.sqrt(k))
+            b, g = rand(rng, (n,), jnp.float32), rand(rng, (n,), jnp.float32, 0.2, 1.0)
+            config = pn.select_gpu_config(m, k, n, BF16, kind="rms")
+            call = jax.jit(lambda x: pn.post_norm_matmul(
+                x, w, b, g, None, None, kind="rms", eps=1e-6, config=config,
+                pre_norm_sum=False)[0])
+            _, calls = profiler.measure(call, aggregate=False, iterations=5)(x)
+            kernels = {f"{i} {name[:48]}": round(statistics.median(
+                c[i][1] for c in calls) * 1e3, 2) for i, (name, _) in enumerate(calls[0])}
+            return dict(config=str(config), kernels_us=kernels)
+        sec.run(f"kernels of one call rms {m}x{k}x{n}", run)
+
+
 def section_post_anatomy(sec: Section) -> None:
     """Where a grid group's time goes: the same kernels with parts of the statistics
     exchange removed (timing only: the outputs are then wrong, and not checked)."""
@@ -602,8 +627,8 @@ def section_post_anatomy(sec: Section) -> None:
                    (cx.RowStatsExchange, "finish"): nothing}
     signal_released = cx._signal_released
 
-    def signal_without_fence(semaphores, fence):
-        return signal_released(semaphores, fence=False)
+    def signal_without_fence(semaphore, fence):
+        return signal_released(semaphore, fence=False)
 
     removals = {
         "full": {},
