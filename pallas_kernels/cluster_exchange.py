@@ -35,9 +35,9 @@ Three transports, one interface (`RowStatsExchange.all_gather`):
   party, decremented by its waiter, took one per peer and a compare-and-swap
   (H200, one call: 381 vs 393 us at 8192 x 4096 x 4096, 404 vs 419 with a
   residual). That counts on jax zero-filling global semaphores before every
-  call (jax 0.11.2 does, in a 0.6 us kernel: `pallas_call_registration`). Every CTA
-  of the grid must be resident at once (a waiting CTA holds its SM): the
-  kernels launch at most one CTA per SM.
+  call (jax 0.11.2 does, in a 0.6 us kernel: `pallas_call_registration`).
+  Every CTA of the grid must be resident at once (a waiting CTA holds its
+  SM): the kernels launch at most one CTA per SM.
 
 Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
 a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
@@ -56,10 +56,10 @@ loads (`plgpu.load(..., optimized=False)`: Mosaic's optimized transfers are to
 shared memory only), so there is no TMA round trip, no proxy fence and no
 shared-memory copy of the gathered partials: the 17-52 KiB per CTA that copy
 took now hold pipeline stages. On the H200 that was as fast as a TMA gather
-into shared memory at rows up to 2048 and 1.5-2% slower at rows of 4096
-(16 partials a row, then read one by one), and took the residual and LayerNorm cases from 32 x 5 or
-64 x 2 stages to 64 x 3 (LayerNorm with a residual at 8192 x 4096 x 4096: 594
-to 488 us).
+into shared memory at rows up to 2048 and 1.5-2% slower at rows of 4096 (16
+partials a row, then read one by one), and took the residual and LayerNorm
+cases from 32 x 5 or 64 x 2 stages to 64 x 3 (LayerNorm with a residual at
+8192 x 4096 x 4096: 594 to 488 us).
 
 DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
 of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
@@ -131,7 +131,7 @@ class RowStatsExchange:
       rows: rows covered by one partial.
       transport: "dsmem" (GPU cluster), "global" (interpreter, or GPU fallback) or
         "semaphore" (GPU grid group).
-      gpu_fences: emit the cluster-scope fences (False under the interpreter).
+      gpu_fences: emit the memory fences (False under the interpreter).
       repeated: the kernel exchanges once per row block, several times per CTA.
     """
 
