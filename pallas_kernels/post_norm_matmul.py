@@ -96,6 +96,10 @@ class PostNormConfig:
       multicast: load x's tile once per cluster with a TMA multicast (GPU only:
         the interpreter has no cluster-collective barriers).
       delay_release: wgmma groups left in flight before a pipeline slot is released.
+      chain_blocks: run a CTA's row blocks as one chained pipeline (jax's
+        `pipeline_state`), so the TMA warpgroup fetches the next block's first K
+        steps as soon as slots free up instead of after the block's last step;
+        needs (K / tile_k) % max_concurrent_steps == 0 and delay_release=0.
     """
 
     tile_m: int
@@ -107,6 +111,7 @@ class PostNormConfig:
     grid_clusters: int | None = None
     multicast: bool = False
     delay_release: int = 0
+    chain_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -123,6 +128,8 @@ class PostNormConfig:
             raise ValueError(f"grid_clusters={self.grid_clusters} must be >= 1 (or None)")
         if self.delay_release not in (0, 1):
             raise ValueError(f"delay_release={self.delay_release} must be 0 or 1")
+        if self.chain_blocks and self.delay_release:
+            raise ValueError("chain_blocks needs delay_release=0 (jax's pipeline_state)")
         if self.multicast and self.transport != "dsmem":
             raise ValueError("multicast runs only on the GPU (transport='dsmem')")
         if self.multicast and not _can_multicast(self.tile_m, self.cluster_n):
@@ -169,6 +176,14 @@ def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "la
             f"N={n} must equal cluster_n={config.cluster_n} x 2 warpgroups x "
             f"tile_n={config.tile_n}: a cluster covers whole output rows"
         )
+    if config.chain_blocks:
+        if (k // config.tile_k) % config.max_concurrent_steps:
+            raise ValueError(f"chain_blocks needs K / tile_k = {k // config.tile_k} steps "
+                             f"divisible by max_concurrent_steps={config.max_concurrent_steps}")
+        blocks = m // config.tile_m
+        if blocks < 2 * grid_size(config, blocks):
+            raise ValueError(f"chain_blocks needs two or more row blocks per cluster: {blocks} "
+                             f"blocks for {grid_size(config, blocks)} clusters")
     needed = smem_bytes(config, kind, residual=residual)
     if needed > _MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs {needed} bytes of shared memory"
@@ -346,7 +361,7 @@ def _kernel(
     # Every CTA of a cluster reads the same rows of x: one TMA multicast feeds them all.
     x_collective = ("n",) if config.multicast else ()
 
-    def pipeline(body, compute_context):
+    def pipeline(body, compute_context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(k // tile_k,),
@@ -362,6 +377,7 @@ def _kernel(
             num_compute_wgs=_COMPUTE_WGS,
             max_concurrent_steps=config.max_concurrent_steps,
             compute_context=compute_context,
+            pipeline_state=state,
         )
 
     ignore = lambda *_, **__: None  # noqa: E731  (allocations do not depend on the bodies)
@@ -543,7 +559,15 @@ def _kernel(
                 plgpu.wgmma_wait(config.delay_release)
                 return acc_ref
 
-            pipeline(mma, compute_context)(
+            # Chained: the first block starts the pipeline, the last stops it (every CTA
+            # has two or more), so the TMA warpgroup never drains between blocks.
+            state = None
+            if config.chain_blocks:
+                last = m_idx + grid_size(config, num_blocks) >= num_blocks
+                state = jnp.where(carry == 0, int(plgpu.PipelinePipeline.START),
+                                  jnp.where(last, int(plgpu.PipelinePipeline.STOP),
+                                            int(plgpu.PipelinePipeline.STEADY)))
+            pipeline(mma, compute_context, state)(
                 x_gmem.at[rows, :], w_gmem.at[:, cta_cols], allocations=pipeline_allocs
             )
             return carry + 1

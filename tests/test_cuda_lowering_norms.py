@@ -108,6 +108,21 @@ def test_post_norm_multicast_lowers():
     _lower(fn, S((4096, 4096), BF16), S((4096, 2048), BF16), vec, vec, vec, S((4096, 2048), BF16))
 
 
+@pytest.mark.parametrize("kind, residual, stages", [("rms", False, 4), ("layer", True, 2)])
+def test_post_norm_chained_blocks_lower(kind, residual, stages):
+    """A grid group's row blocks as one chained pipeline (jax's pipeline_state)."""
+    import dataclasses
+
+    m, k, n = 8192, 4096, 2048
+    config = dataclasses.replace(
+        pn.select_gpu_config(m, k, n, BF16, kind=kind, residual=residual),
+        max_concurrent_steps=stages, chain_blocks=True)
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)
+    vec = S((n,), jnp.float32)
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None,
+           S((m, n), BF16) if residual else None)
+
+
 def test_post_norm_without_vectors_or_residual_lowers():
     config = pn.select_config(4096, 4096, 4096, BF16, kind="rms")
     fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)

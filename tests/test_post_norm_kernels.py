@@ -9,6 +9,8 @@ H200 by tests/gpu_norms/run_norms_gpu.py. Inputs are fresh random draws.
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -138,6 +140,27 @@ def test_eight_partials_combine_as_one_matrix(rng, kind, bias_mean):
     assert exchange.loads_as_matrix
     _run_and_check(rng, kind, 128, 64, 512, config, residual=False, vectors=True,
                    bias_mean=bias_mean)
+
+
+@pytest.mark.parametrize("kind, residual", [("rms", False), ("layer", True)])
+def test_chained_blocks_continue_one_pipeline(rng, kind, residual):
+    """chain_blocks: a cluster's three row blocks run as one pipeline (the TMA warpgroup
+    runs a block ahead of the epilogue), 4 K steps over 2 stages per block."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               chain_blocks=True)
+    _run_and_check(rng, kind, 192, 128, 256, config, residual=residual, vectors=True)
+
+
+def test_chained_blocks_need_whole_rounds_of_stages():
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=3, transport="global", chain_blocks=True)
+    with pytest.raises(ValueError, match="divisible by max_concurrent_steps=3"):
+        pn.check_shape(64, 128, 256, config, "rms")
+    with pytest.raises(ValueError, match="delay_release=0"):
+        dataclasses.replace(config, delay_release=1)
+    with pytest.raises(ValueError, match="two or more row blocks per cluster"):
+        pn.check_shape(128, 96, 256, dataclasses.replace(config, grid_clusters=2), "rms")
 
 
 @pytest.mark.parametrize("pre_norm_sum", [True, False], ids=["h", "no-h"])

@@ -63,7 +63,7 @@ BF16 = jnp.bfloat16
 # Measured on the H200 (first run, 225 s in all): rows 26 s, post 21 s; the
 # timing sections ran out of time before their last items.
 SECTIONS = {"rows": 35, "post": 60, "norm_time": 85, "post_time": 220, "norm_sweep": 110,
-            "post_sweep": 180, "post_semaphore": 60, "post_kernels": 60,
+            "post_sweep": 480, "post_semaphore": 60, "post_kernels": 60,
             "post_anatomy": 300}
 # ONLY=post,post_time runs a subset (the device allows 600 s per call).
 if os.environ.get("ONLY"):
@@ -478,42 +478,50 @@ def section_post_time(sec: Section) -> None:
 # (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
 # change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
 # (32-wide K steps measured slower than 64 x 3: tests/gpu_norms/h200_results.md.)
+# "chained" runs a CTA's row blocks as one pipeline (K steps a multiple of the stages).
 _PIPELINE_VARIANTS = {"64x4": dict(tile_k=64, max_concurrent_steps=4),
-                      "64x3": dict(tile_k=64, max_concurrent_steps=3)}
+                      "64x3": dict(tile_k=64, max_concurrent_steps=3),
+                      "64x4 chained": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=True),
+                      "64x2 chained": dict(tile_k=64, max_concurrent_steps=2, chain_blocks=True),
+                      "32x4 chained": dict(tile_k=32, max_concurrent_steps=4, chain_blocks=True)}
+# (M, K, N, kind, residual) -> variants.
 POST_SWEEP = {
-    (8192, 4096, 4096): {**_PIPELINE_VARIANTS, "with h": {}},
-    (8192, 4096, 2048): {**_PIPELINE_VARIANTS, "with h": {}},
-    (8192, 4096, 1024): {**_PIPELINE_VARIANTS, "with h": {}},
-    (4096, 4096, 4096): _PIPELINE_VARIANTS,
+    (8192, 4096, 4096, "rms", False): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 2048, "rms", False): {**_PIPELINE_VARIANTS, "with h": {}},
+    (8192, 4096, 1024, "rms", False): {**_PIPELINE_VARIANTS, "with h": {}},
+    (4096, 4096, 4096, "rms", False): _PIPELINE_VARIANTS,
+    (8192, 4096, 2048, "rms", True): _PIPELINE_VARIANTS,
+    (8192, 4096, 2048, "layer", True): _PIPELINE_VARIANTS,
 }
 
 
 def section_post_sweep(sec: Section) -> None:
-    """Pipeline depth and output pieces around the GPU pick, and the cost of writing h."""
+    """Pipeline depth and chaining around the GPU pick, and the cost of writing h; the pick
+    with its baselines (our plain GEMM among them), each variant checked against XLA."""
     import dataclasses
 
     from pallas_kernels import post_norm_matmul as pn
 
-    for (m, k, n), variants in POST_SWEEP.items():
+    for (m, k, n, kind, residual), variants in POST_SWEEP.items():
         mm, kk, nn = post_size(m, k, n)
         if SMOKE:
-            base = pn.select_config(mm, kk, nn, BF16, kind="rms", transport=transport(),
-                                    max_cluster=max_cluster())
+            base = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                    transport=transport(), max_cluster=max_cluster())
         else:
-            base = pn.select_gpu_config(mm, kk, nn, BF16, kind="rms")
-        _time_post(sec, f"sweep post rms {m}x{k}x{n} pick", mm, kk, nn, "rms", base,
-                   False, False)
+            base = pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual)
+        shape = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
+        _time_post(sec, f"sweep post {shape} pick", mm, kk, nn, kind, base, True, residual)
         for name, knobs in variants.items():
             try:
                 config = dataclasses.replace(base, **knobs)
-                pn.check_shape(mm, kk, nn, config, "rms")
+                pn.check_shape(mm, kk, nn, config, kind, residual=residual)
             except ValueError as e:
-                sec.add(dict(name=f"sweep {m}x{k}x{n} {name}", skipped=str(e)))
+                sec.add(dict(name=f"sweep {shape} {name}", skipped=str(e)))
                 continue
             if config == base and name != "with h":
                 continue  # the pick itself
-            _time_post(sec, f"sweep post rms {m}x{k}x{n} {name}", mm, kk, nn, "rms", config,
-                       False, False, pre_norm_sum=name == "with h")
+            _time_post(sec, f"sweep post {shape} {name}", mm, kk, nn, kind, config,
+                       False, residual, pre_norm_sum=(name == "with h") or None)
 
 
 def _rel_err_vs_f64(y, kind, x, w, b, g, nb, r) -> float:
