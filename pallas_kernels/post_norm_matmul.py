@@ -220,12 +220,15 @@ def resident_clusters(cluster_n: int, num_sms: int) -> int:
     return max(num_sms // cluster_n * 7 // 8, 1)
 
 
-# (tile_k, stages): 64-wide K steps first, then by bytes in flight. H200, RMS, K = 4096,
-# groups: 64 x 3 beat 32 x 7 and 32 x 5 (394 vs 431 and 425 us at 8192 x 4096 x 4096;
-# 188 vs 208 and 202 at 8192 x 4096 x 2048), and a fourth 64-wide stage, where it fits,
-# was slower or no faster (404.6 vs 394.1 us at 8192 x 4096 x 4096, 203.3 vs 197.5 at
-# 4096 x 4096 x 4096, 186.7 vs 184.7 at 8192 x 4096 x 2048, 91.3 vs 92.0 at x 1024).
-_PIPELINES = ((64, 3), (32, 6), (32, 5), (64, 2), (32, 4), (32, 3))
+# (tile_k, stages, chain_blocks): 64-wide K steps first, then by bytes in flight. H200,
+# RMS, K = 4096, groups: 64 x 3 beat 32 x 7 and 32 x 5 (394 vs 431 and 425 us at 8192 x
+# 4096 x 4096; 188 vs 208 and 202 at 8192 x 4096 x 2048); a fourth 64-wide stage alone
+# was no faster (377.9 vs 377.1 us at 8192 x 4096 x 4096, 188.6 vs 188.3 at 4096 x 4096 x
+# 4096), but with the blocks chained, which needs K steps in whole rounds of stages, it
+# was faster than 64 x 3: 369.1 vs 377.1, 185.2 vs 188.3, 178.4 vs 181.0 at 8192 x 4096 x
+# 2048 (one call). Chained 64 x 2 and 32 x 4 were 7-20% slower.
+_PIPELINES = ((64, 4, True), (64, 3, False), (32, 6, False), (32, 5, False), (64, 2, False),
+              (32, 4, False), (32, 3, False))
 
 
 def select_gpu_config(
@@ -288,18 +291,26 @@ def select_config(
         if n % cta_n or n // cta_n > max_cluster or m % tile_m:
             continue
         cluster_n = n // cta_n
-        for tile_k, stages in _PIPELINES:
+        blocks = m // tile_m
+        if transport == "semaphore":
+            grid = num_sms // cluster_n  # groups need not fit a GPC, only the GPU
+        else:
+            grid = resident_clusters(cluster_n, num_sms)
+        grid = min(blocks, grid)
+        for tile_k, stages, chained in _PIPELINES:
             stages = min(stages, k // tile_k)  # no more stages than K steps
             if k % tile_k or stages < 2:
                 continue
-            if transport == "semaphore":
-                grid = num_sms // cluster_n  # groups need not fit a GPC, only the GPU
-            else:
-                grid = resident_clusters(cluster_n, num_sms)
+            grid_clusters = grid
+            if chained:
+                # The same rounds over fewer groups, so each gets two or more blocks.
+                grid_clusters = pl.cdiv(blocks, pl.cdiv(blocks, grid))
+                if (k // tile_k) % stages or blocks < 2 * grid_clusters:
+                    continue
             config = PostNormConfig(tile_m=tile_m, tile_n=tile_n, cluster_n=cluster_n,
                                     tile_k=tile_k, max_concurrent_steps=stages,
-                                    transport=transport,
-                                    grid_clusters=min(m // tile_m, grid),
+                                    transport=transport, grid_clusters=grid_clusters,
+                                    chain_blocks=chained,
                                     # Measured no faster with 128-row tiles
                                     # (230 vs 231 us, 8192x4096x2048) and
                                     # slower with 64-row ones (670 vs 572 us,

@@ -215,6 +215,24 @@ def test_partials_read_in_place_leave_residual_cases_deep_pipelines(kind):
     assert exchange.smem_scratch().gathered is None and exchange.gathered_in_global
 
 
+@pytest.mark.parametrize("m, n, chained", [(8192, 4096, True), (8192, 2048, True),
+                                           (8192, 1024, True), (4096, 1024, False)])
+def test_gpu_picks_chain_row_blocks_where_every_group_gets_two(m, n, chained):
+    """RMSNorm without a residual fits 64 x 4 stages, which chain over K = 4096's 64 steps;
+    the grid then takes the same rounds over fewer groups (8192 x 1024: 32 groups of 2
+    blocks, not 33 with one holding a single block). 4096 x 1024 has one block a group."""
+    config = pn.select_gpu_config(m, 4096, n, BF16, kind="rms", num_sms=132)
+    assert config.chain_blocks == chained
+    blocks = m // config.tile_m
+    if chained:
+        assert (config.tile_k, config.max_concurrent_steps) == (64, 4)
+        assert blocks >= 2 * config.grid_clusters
+        unchained = pn.select_gpu_config(m, 4096, n, BF16, kind="rms", residual=True)
+        rounds = [-(-blocks // c.grid_clusters) for c in (config, unchained)]
+        assert rounds[0] == rounds[1]
+    pn.check_shape(m, 4096, n, config, "rms")
+
+
 def test_shape_errors_name_the_dimension():
     config = pn.PostNormConfig(tile_m=128, tile_n=128, cluster_n=2)
     with pytest.raises(ValueError, match="M=100 must be divisible by tile_m=128"):
