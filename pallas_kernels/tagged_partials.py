@@ -30,17 +30,13 @@ import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, gpu, scf, vector
+from jax._src.lib.mlir.dialects import arith, scf, vector
 
 ROW_LAYOUT = plgpu.Layout.WGMMA.reduce(1)
 
-# A word's store: (value bits, tag) packed low to high into one 64-bit store, by one of
-# the four threads that hold the row ($3).
+# A word's store: (value bits, tag) packed low to high into one 64-bit store.
 _STORE = ("{ .reg .b64 w; mov.b64 w, {$1, $2}; "
-          "@$3 st.relaxed.gpu.global.b64 [$0], w; }")
-# A reader that finds a word of the round missing sleeps this long before loading its
-# words again, so that 256 threads per CTA do not flood L2 with polls.
-_BACKOFF_NS = 128
+          "st.relaxed.gpu.global.b64 [$0], w; }")
 # Two neighbouring words (two partials of a row) in one 16-byte load; each 64-bit element
 # is loaded atomically on its own, which is all a word needs.
 _LOAD_PAIR = ("{ .reg .b64 a, b; ld.relaxed.gpu.global.v2.b64 {a, b}, [$4]; "
@@ -84,7 +80,7 @@ def store(ref: Any, partials: Sequence[jax.Array], tag: jax.Array) -> None:
 
     ref: [stats, rows, 2] (this party's column pair of its group's slot); partials are
     [rows] float32 in the WGMMA row layout (the four threads holding a row store the
-    same word; the first of them stores it).
+    same word).
     """
     rows = partials[0].shape[0]
 
@@ -93,16 +89,13 @@ def store(ref: Any, partials: Sequence[jax.Array], tag: jax.Array) -> None:
     def emit(_ctx, ref, tags, *values):
         tag_bits = _scalar(tags)
         index = ir.IndexType.get()
-        lane_in_quad = arith.remui(gpu.thread_id(gpu.Dimension.x), arith.constant(index, 4))
-        first_of_row = arith.cmpi(arith.CmpIPredicate.eq, lane_in_quad,
-                                  arith.constant(index, 0))
         for j, value in enumerate(values):
             stat = arith.constant(index, j)
             for register, (row,) in zip(value.registers.flat,
                                         value.layout.thread_idxs(value.shape)):
                 ptr = _word_ptr(ref, (stat, row, arith.constant(index, 0)))
                 mgpu_utils.inline_ptx(_STORE, ptr, _bits(vector.extract(register, [], [0])),
-                                      tag_bits, first_of_row, has_side_effects=True)
+                                      tag_bits, has_side_effects=True)
 
     emit(ref, _row_tags(tag, rows), *partials)
 
@@ -150,7 +143,6 @@ def load_matrix(ref: Any, tag: jax.Array, rows: int, num_partials: int) -> jax.A
             scf.condition(not_ready, values)
         after = loop.after.blocks.append(*([i32] * (2 * len(ptrs))))
         with ir.InsertionPoint(after):
-            mgpu_utils.nanosleep(mgpu_utils.c(_BACKOFF_NS, i32))
             scf.yield_(list(after.arguments))
         pair_ty = ir.VectorType.get((2,), f32)
         results = list(loop.results)
