@@ -88,9 +88,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
-from pallas_kernels import tagged_partials
-
-Transport = Literal["dsmem", "global", "semaphore", "tagged"]
+Transport = Literal["dsmem", "global", "semaphore"]
 
 
 class ExchangeScratch(NamedTuple):
@@ -110,8 +108,7 @@ class Site(NamedTuple):
       party: the warpgroup's index among the CTA's parties.
       cluster_id: the slot of its row block in the global scratch.
       round_index: how many exchanges this CTA made before (repeated exchanges).
-      semaphores: the "semaphore" transport's counters or the "tagged" transport's
-        words (`semaphores()`), else None.
+      semaphores: the "semaphore" transport's semaphores (`semaphores()`), else None.
       group: the CTA's group index along the grid axis groups are laid out on.
     """
 
@@ -120,14 +117,6 @@ class Site(NamedTuple):
     round_index: jax.Array | int = 0
     semaphores: Any = None
     group: jax.Array | int = 0
-
-
-class TaggedRound(NamedTuple):
-    """What `collect` returns for the "tagged" transport: a group's words of the round's
-    parity ([stat, row, 2 x partial]) and the tag the round's words carry."""
-
-    words: Any
-    tag: jax.Array | int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +145,11 @@ class RowStatsExchange:
     repeated: bool = False
 
     def __post_init__(self) -> None:
-        if self.transport not in ("dsmem", "global", "semaphore", "tagged"):
-            raise ValueError("transport must be 'dsmem', 'global', 'semaphore' or 'tagged'; "
-                             f"got {self.transport!r}")
+        if self.transport not in ("dsmem", "global", "semaphore"):
+            raise ValueError(
+                f"transport must be 'dsmem', 'global' or 'semaphore'; got {self.transport!r}")
         if self.cluster_size < 1 or self.parties < 1:
             raise ValueError(f"cluster_size and parties must be >= 1; got {self}")
-        if self._via_tags and self.num_partials % 8:
-            raise ValueError(f"transport='tagged' reads a row's partials as WGMMA-layout "
-                             f"columns, 8 at a time: {self.num_partials} partials")
 
     @property
     def num_partials(self) -> int:
@@ -182,10 +168,6 @@ class RowStatsExchange:
         return self.transport in ("global", "semaphore") and self.cluster_size > 1
 
     @property
-    def _via_tags(self) -> bool:
-        return self.transport == "tagged" and self.cluster_size > 1
-
-    @property
     def gathered_in_global(self) -> bool:
         """`collect` returns the global scratch, which Mosaic GPU loads from only with
         `plgpu.load(..., optimized=False)` (its optimized transfers are to SMEM)."""
@@ -196,17 +178,7 @@ class RowStatsExchange:
         """Readers load a row's partials as one [rows, partials] matrix (`partials_matrix`):
         they lie side by side in global memory, and the WGMMA layout takes 8 columns at a
         time. Otherwise partial by partial (`partial_rows`)."""
-        return self._via_tags or (self._via_global and self.num_partials % 8 == 0)
-
-    def load_matrix(self, gathered: Any, j: int) -> jax.Array:
-        """Stat j of every partial as a [rows, partials] float32 array in the WGMMA layout
-        (`loads_as_matrix`), from what `collect` returned; the "tagged" transport waits
-        here, until every word of the round has arrived."""
-        if self._via_tags:
-            return tagged_partials.load_matrix(gathered.words.at[j], gathered.tag, self.rows,
-                                               self.num_partials)
-        return plgpu.load(self.partials_matrix(gathered, j), layout=plgpu.Layout.WGMMA,
-                          optimized=False)
+        return self._via_global and self.num_partials % 8 == 0
 
     def partial_rows(self, gathered: Any, p: int, j: int) -> Any:
         """Stat j of partial p for every row, in the buffer `collect` returned."""
@@ -225,13 +197,12 @@ class RowStatsExchange:
 
     @property
     def _needs_free(self) -> bool:
-        return (self.repeated and self.cluster_size > 1
-                and not (self._via_global or self._via_tags))
+        return self.repeated and self.cluster_size > 1 and not self._via_global
 
     def smem_scratch(self) -> ExchangeScratch:
         """Allocations to pass in `scratch_types` / `pl.run_scoped` (shared by the parties)."""
         stats = (self.num_stats, self._padded_rows)
-        if self._via_semaphores or self._via_tags:
+        if self._via_semaphores:
             barrier = None
         elif self.cluster_size > 1:
             barrier = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
@@ -241,7 +212,7 @@ class RowStatsExchange:
         if self._needs_free:
             free = plgpu.ClusterBarrier(collective_axes=(self.axis,), num_arrivals=self.parties)
         gathered = None
-        if not (self._via_global or self._via_tags):
+        if not self._via_global:
             gathered = plgpu.SMEM((self.num_partials, *stats), jnp.float32)
         return ExchangeScratch(gathered=gathered, barrier=barrier, free=free)
 
@@ -253,12 +224,8 @@ class RowStatsExchange:
         return jax.ShapeDtypeStruct(shape, jnp.float32)
 
     def semaphores(self, num_groups: int) -> Any:
-        """Global semaphores, which jax zero-fills before every call (call inside the
-        kernel): the "semaphore" transport's counter per group, the "tagged" transport's
-        words (`tagged_partials.words`); else None."""
-        if self._via_tags:
-            return tagged_partials.words(num_groups, self.num_stats, self._padded_rows,
-                                         self.num_partials)
+        """The "semaphore" transport's global semaphores (call inside the kernel), else None:
+        one counter per group, which jax zero-fills before every call."""
         if not self._via_semaphores:
             return None
         return pl.get_global(plgpu.SemaphoreType.REGULAR((num_groups,)))
@@ -296,10 +263,6 @@ class RowStatsExchange:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
-        if self._via_tags:
-            words = semaphores.at[group, round_index % 2, :, :, pl.ds(2 * slot, 2)]
-            tagged_partials.store(words, partials, round_index + 1)
-            return
         if self._via_global:
             _store_partials_side_by_side(gmem_scratch.at[cluster_id], slot, partials)
         else:
@@ -328,8 +291,6 @@ class RowStatsExchange:
         that holds them (as from `all_gather`): shared memory, or the global scratch
         for the transports through global memory."""
         party, cluster_id, round_index, semaphores, group = site
-        if self._via_tags:  # the readers wait in `load_matrix`, word by word
-            return TaggedRound(semaphores.at[group, round_index % 2], round_index + 1)
         if self._via_semaphores:
             # The group's counter only grows: once it holds num_partials * (r + 1), every
             # party has published round r (none publishes round r + 1 before it sees

@@ -54,8 +54,6 @@ from pallas_kernels.row_norm import (Kind, combine_layer, combine_layer_matrix, 
 _MAX_CLUSTER = 8  # the portable cluster size limit
 # CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
 _MAX_GROUP = 16
-# Transports whose CTAs sharing a row are a group of the grid, not a cluster.
-_GROUP_TRANSPORTS = ("semaphore", "tagged")
 _COMPUTE_WGS = 2
 _PIECE = 64  # output pieces are _PIECE x _PIECE (rows x columns)
 # Shared-memory slots per warpgroup that pieces take turns in: one is filled while the
@@ -72,7 +70,7 @@ _TILES = ((128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 def _max_split(transport: Transport) -> int:
     """CTAs that may share a row: a cluster's, or a grid group's (semaphore transport)."""
-    return _MAX_GROUP if transport in _GROUP_TRANSPORTS else _MAX_CLUSTER
+    return _MAX_GROUP if transport == "semaphore" else _MAX_CLUSTER
 
 
 def _can_multicast(tile_m: int, cluster_n: int) -> bool:
@@ -294,7 +292,7 @@ def select_config(
             continue
         cluster_n = n // cta_n
         blocks = m // tile_m
-        if transport in _GROUP_TRANSPORTS:
+        if transport == "semaphore":
             grid = num_sms // cluster_n  # groups need not fit a GPC, only the GPU
         else:
             grid = resident_clusters(cluster_n, num_sms)
@@ -470,7 +468,8 @@ def _kernel(
             per row, from every party's partials."""
             row_count = n_cluster * config.cta_n
             if exchange.loads_as_matrix:
-                stats = [exchange.load_matrix(gathered, j) for j in range(exchange.num_stats)]
+                stats = [plgpu.load(exchange.partials_matrix(gathered, j), layout=layout,
+                                    optimized=False) for j in range(exchange.num_stats)]
                 if kind == "rms":
                     return (combine_rms_matrix(stats[0], row_count, eps),)
                 along_rows = lambda v: bcast(v, stats[0].shape, 0)  # noqa: E731
@@ -624,14 +623,14 @@ def post_norm_matmul(
     if interpret and config.multicast:
         raise ValueError("the interpreter cannot run the multicast (cluster-collective barriers)")
     num_blocks = m // config.tile_m
-    if config.transport in _GROUP_TRANSPORTS:
+    if config.transport == "semaphore":
         if interpret:
             raise ValueError("the interpreter cannot allocate global semaphores "
-                             f"(transport={config.transport!r}); use 'global'")
+                             "(transport='semaphore'); use 'global'")
         ctas, sms = grid_size(config, num_blocks) * config.cluster_n, _gemm_core.num_sms(False)
         if ctas > sms:
-            raise ValueError(f"transport={config.transport!r} needs every CTA resident: {ctas} "
-                             f"CTAs > {sms} SMs (lower grid_clusters)")
+            raise ValueError(f"transport='semaphore' needs every CTA resident: {ctas} CTAs "
+                             f"> {sms} SMs (lower grid_clusters)")
     exchange = RowStatsExchange(
         axis="n",
         cluster_size=config.cluster_n,
@@ -659,7 +658,7 @@ def post_norm_matmul(
         k=k,
         num_blocks=num_blocks,
     )
-    if config.transport in _GROUP_TRANSPORTS:
+    if config.transport == "semaphore":
         # Groups of the grid: (group, rank in group); no cluster.
         layout = dict(grid=(grid_size(config, num_blocks), config.cluster_n),
                       grid_names=("m", "n"))
