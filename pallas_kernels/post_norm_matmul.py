@@ -49,7 +49,7 @@ from jax import lax
 from pallas_kernels import _gemm_core
 from pallas_kernels.cluster_exchange import RowStatsExchange, Site, Transport
 from pallas_kernels.row_norm import (Kind, combine_layer, combine_layer_matrix, combine_rms,
-                                     num_stats, safe_rsqrt)
+                                     combine_rms_matrix, num_stats)
 
 _MAX_CLUSTER = 8  # the portable cluster size limit
 # CTAs of a grid group ("semaphore" transport): 16 x 256 columns = rows of 4096.
@@ -59,7 +59,6 @@ _PIECE = 64  # output pieces are _PIECE x _PIECE (rows x columns)
 # Shared-memory slots per warpgroup that pieces take turns in: one is filled while the
 # other's store drains (one slot measured 11-13% slower on the H200).
 _PIECE_SLOTS = 2
-_MATRIX_COLUMNS = 16
 _MAX_SMEM_BYTES = 227 * 1024  # per CTA on Hopper
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # (tile_m, tile_n) per MMA warpgroup in order of preference: 128 x 128 (the
@@ -304,6 +303,8 @@ def select_config(
                 continue
             grid_clusters = grid
             if chained:
+                if transport == "dsmem":
+                    continue  # measured for grid groups (the GPU picks clusters at one round)
                 # The same rounds over fewer groups, so each gets two or more blocks.
                 grid_clusters = pl.cdiv(blocks, pl.cdiv(blocks, grid))
                 if (k // tile_k) % stages or blocks < 2 * grid_clusters:
@@ -469,18 +470,10 @@ def _kernel(
             per row, from every party's partials."""
             row_count = n_cluster * config.cta_n
             if exchange.loads_as_matrix:
-                if kind == "rms":
-                    # At most _MATRIX_COLUMNS partials in registers at a time.
-                    sums = None
-                    for c0 in range(0, exchange.num_partials, _MATRIX_COLUMNS):
-                        cols = pl.ds(c0, min(_MATRIX_COLUMNS, exchange.num_partials - c0))
-                        part = plgpu.load(exchange.partials_matrix(gathered, 0).at[:, cols],
-                                          layout=layout, optimized=False)
-                        part = jnp.sum(part, axis=1)
-                        sums = part if sums is None else sums + part
-                    return (safe_rsqrt(sums * (1.0 / row_count) + eps),)
                 stats = [plgpu.load(exchange.partials_matrix(gathered, j), layout=layout,
                                     optimized=False) for j in range(exchange.num_stats)]
+                if kind == "rms":
+                    return (combine_rms_matrix(stats[0], row_count, eps),)
                 along_rows = lambda v: bcast(v, stats[0].shape, 0)  # noqa: E731
                 return combine_layer_matrix(*stats, tile_n, eps, along_rows)
 

@@ -197,8 +197,8 @@ def test_automatic_dispatch_records_why_a_kernel_was_declined(monkeypatch):
 
 
 def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faster():
-    """RMSNorm at M >= 2048, K >= 4096, N <= 2048 (faster than a bf16 XLA dot + norm on the
-    H200); wider rows, smaller K and LayerNorm stay with xla, with the reason."""
+    """RMSNorm at M >= 2048, K >= 4096, N <= 4096 (faster than a bf16 XLA dot + norm on the
+    H200); wider rows, fewer rows, smaller K and LayerNorm stay with xla, with the reason."""
     import jax
 
     from jaxnorm import dispatch
@@ -210,7 +210,9 @@ def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faste
     x, w = s((8192, 4096), bf16), s((4096, 2048), bf16)
     assert decline["dense_rms_norm"](x, w, None, None, None, eps=1e-6) is None
     assert decline["dense_rms_norm"](s((2048, 4096), bf16), w, None, None, None, eps=1e-6) is None
-    for m, k, n in ((8192, 4096, 4096), (1024, 4096, 2048), (8192, 1024, 2048)):
+    wide = s((4096, 4096), bf16)
+    assert decline["dense_rms_norm"](x, wide, None, None, None, eps=1e-6) is None
+    for m, k, n in ((8192, 4096, 8192), (1024, 4096, 2048), (8192, 1024, 2048)):
         reason = decline["dense_rms_norm"](s((m, k), bf16), s((k, n), bf16), None, None, None,
                                            eps=1e-6)
         assert f"M={m}, K={k}, N={n}" in reason and "not measured faster" in reason

@@ -186,13 +186,13 @@ def dense_layer_norm(
 
 # Measured on the H200 against the stock bfloat16 `norm(x @ w + b)` (what a user
 # writes without jaxnorm, and about what the xla path costs when h is not
-# returned), CUPTI, K = 4096, one run on 2026-11-30 (tests/gpu_norms/h200_results.md):
-# RMSNorm took 0.76-0.96x its time at M = 4096-8192 with N <= 2048 (with a
-# residual 0.90-0.91x) and 0.92x at 2048 x 4096 x 2048 (bench suite), but
-# 1.03x at 8192 x 4096 x 4096 (1.05x with a residual); LayerNorm with a
-# residual took 1.06-1.37x. Automatic dispatch takes the kernel only where it
-# measured faster; impl="mosaic" forces it elsewhere.
-_POST_NORM_MIN_ROWS, _POST_NORM_MIN_K, _POST_NORM_MAX_N = 2048, 4096, 2048
+# returned), CUPTI, K = 4096, 2026-11-30 (tests/gpu_norms/h200_results.md): with
+# row blocks chained, RMSNorm took 0.89-0.94x its time at M = 4096-8192 with
+# N <= 2048 and 0.97-0.99x at 8192 x 4096 x 4096 (0.89-0.91x at 4096 x 4096 x
+# 4096; with a residual 0.89-0.94x); LayerNorm with a residual took 0.98-1.03x.
+# Automatic dispatch takes the kernel only where it measured faster;
+# impl="mosaic" forces it elsewhere.
+_POST_NORM_MIN_ROWS, _POST_NORM_MIN_K, _POST_NORM_MAX_N = 2048, 4096, 4096
 
 
 def _post_norm_not_faster(kind: str, x: Array, kernel: Array) -> str | None:
@@ -203,9 +203,9 @@ def _post_norm_not_faster(kind: str, x: Array, kernel: Array) -> str | None:
     return (f"the post-norm Mosaic kernel is not measured faster than a bfloat16 XLA dot + "
             f"norm on the H200 for {'RMSNorm' if kind == 'rms' else 'LayerNorm'} at "
             f"M={m}, K={k}, N={n}: it was for RMSNorm at M >= {_POST_NORM_MIN_ROWS}, "
-            f"K >= {_POST_NORM_MIN_K}, N <= {_POST_NORM_MAX_N} (184 vs 192 us at "
-            "8192x4096x2048), not at 8192x4096x4096 (389 vs 376 us) nor for LayerNorm with "
-            "a residual (1.06-1.37x); impl='mosaic' forces it")
+            f"K >= {_POST_NORM_MIN_K}, N <= {_POST_NORM_MAX_N} (177.5 vs 189.7 us at "
+            "8192x4096x2048, 365.0 vs 376.5 at 8192x4096x4096), not for LayerNorm with a "
+            "residual (0.98-1.03x); impl='mosaic' forces it")
 
 
 @decline_automatic("dense_rms_norm")

@@ -260,6 +260,10 @@ def section_post(sec: Section) -> None:
     case("dense_rms_norm", 4096, 1024, 4096)  # 64 blocks over 16 clusters of 8
     case("dense_layer_norm", 4096, 1024, 2048, bias_mean=100.0)  # 32 blocks, 16 clusters
     case("dense_layer_norm", 2048, 512, 1024, residual=False)  # 16 blocks, 33 clusters of 4
+    # Chained row blocks (64 x 4 stages, one pipeline per group): 4 blocks a group of 16,
+    # 2 a group of 4 (32 groups: the grid balanced to whole rounds).
+    case("dense_rms_norm", 4096, 1024, 4096, residual=False)
+    case("dense_rms_norm", 8192, 1024, 1024, residual=False)
 
     def transports_agree(kind, m, k, n, grid_clusters=None):
         """DSMEM (persistent) and global scratch (one cluster per block): bitwise equal
@@ -280,10 +284,11 @@ def section_post(sec: Section) -> None:
                 cfg = pn.select_config(mm, kk, nn, BF16, kind=kind, transport=tr,
                                        max_cluster=max_cluster())
                 if tr == "global":
-                    cfg = dataclasses.replace(cfg, grid_clusters=None)
+                    cfg = dataclasses.replace(cfg, grid_clusters=None, chain_blocks=False)
                     as_matrix = cfg.cluster_n * 2 % 8 == 0
                 elif grid_clusters is not None:
-                    cfg = dataclasses.replace(cfg, grid_clusters=grid_clusters)
+                    cfg = dataclasses.replace(cfg, grid_clusters=grid_clusters,
+                                              chain_blocks=False)
                 outs.append(pn.post_norm_matmul(x, w, b, g, nb, None, kind=kind, eps=1e-6,
                                                 config=cfg, interpret=SMOKE)[0])
             errs = [_rel_err_vs_f64(o, kind, x, w, b, g, nb, None) for o in outs]
@@ -475,8 +480,8 @@ def section_post_time(sec: Section) -> None:
         _time_post(sec, label, mm, kk, nn, kind, config, True, residual)
 
 
-# (M, K, N): variants of the GPU pick (RMS, no residual), by the config fields they
-# change; "with h" also writes the pre-norm sum (what autodiff's forward runs).
+# Variants of the GPU pick, by the config fields they change; "with h" also writes the
+# pre-norm sum (what autodiff's forward runs).
 # (32-wide K steps measured slower than 64 x 3: tests/gpu_norms/h200_results.md.)
 # "chained" runs a CTA's row blocks as one pipeline (K steps a multiple of the stages);
 # 64 x 2 and 32 x 4 chained measured 7-20% slower (tests/gpu_norms/h200_results.md).
@@ -560,7 +565,7 @@ def section_post_semaphore(sec: Section) -> None:
                                    transport="semaphore")
             glob = dataclasses.replace(
                 pn.select_config(m, k, n, BF16, kind=kind, residual=residual, transport="global"),
-                grid_clusters=None)
+                grid_clusters=None, chain_blocks=False)
             outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c)
                     for c in (sem, glob)]
             y_only, no_h = pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6,
