@@ -18,7 +18,9 @@ Kernel shape (after jax's `ops/gpu/hopper_matmul_mgpu.py`): persistent, the
 grid's `grid_clusters` clusters walking the row blocks (`plgpu.nd_loop`), so
 the TMA warpgroup fetches the next block's first K steps while the MMA
 warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
-with two MMA warpgroups and a TMA warpgroup for the K-loop. The grid holds no
+with two MMA warpgroups and a TMA warpgroup for the K-loop, chained across a
+CTA's blocks where the stages allow (`chain_blocks`), so it does not drain
+between them. The grid holds no
 more clusters than the GPU runs at once (`resident_clusters`). All CTAs of a
 cluster read the same rows of x, so on the GPU one TMA multicast can feed them
 all (`multicast`; off by default, as it measured no faster). With a
