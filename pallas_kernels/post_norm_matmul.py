@@ -102,6 +102,10 @@ class PostNormConfig:
         `pipeline_state`), so the TMA warpgroup fetches the next block's first K
         steps as soon as slots free up instead of after the block's last step;
         needs (K / tile_k) % max_concurrent_steps == 0 and delay_release=0.
+      residual_in_registers: load a residual straight from global memory into
+        registers before the K-loop instead of staging it in shared memory with
+        TMA; h and y then leave in 64 x 64 pieces, and the 2 x tile_m x tile_n
+        staging tiles' shared memory goes to pipeline stages.
     """
 
     tile_m: int
@@ -114,6 +118,7 @@ class PostNormConfig:
     multicast: bool = False
     delay_release: int = 0
     chain_blocks: bool = False
+    residual_in_registers: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m % 64:
@@ -152,7 +157,7 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     # A residual (loaded during the K-loop) is staged as a whole tile per warpgroup; without
     # one, h and y leave in double-buffered 64 x 64 pieces, as in the plain GEMM (32-wide
     # pieces, to fit a fourth stage, measured slower on the H200).
-    if residual:
+    if residual and not config.residual_in_registers:
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
         staging = _COMPUTE_WGS * _PIECE_SLOTS * _PIECE * _PIECE * itemsize
@@ -360,7 +365,7 @@ def _kernel(
     swizzle = plgpu.find_swizzle(tile_k * jnp.dtype(dtype).itemsize * 8)
     swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
-    whole_tiles = has_residual
+    whole_tiles = has_residual and not config.residual_in_registers
     io_swizzle = plgpu.find_swizzle((tile_n if whole_tiles else _PIECE)
                                     * jnp.dtype(dtype).itemsize * 8)
     io_transforms = (
@@ -445,14 +450,16 @@ def _kernel(
             return {name: plgpu.load(smem.at[wg], layout=col_layout).astype(jnp.float32)
                     for (_, name), smem in zip(vectors, vec_smem)}
 
-        def pre_norm_sum(acc, loaded, io) -> jax.Array:
-            """acc + bias (+ the residual staged in `io`), float32."""
+        def pre_norm_sum(acc, loaded, io, residual) -> jax.Array:
+            """acc + bias (+ the residual: in registers, or staged in `io`), float32."""
             h = acc
             if has_bias:
                 h = h + bcast(loaded["bias"], h.shape, 1)
             if has_residual:
-                plgpu.barrier_wait(io_barrier.at[lax.axis_index("wg")])
-                h = h + plgpu.load(io, layout=layout).astype(jnp.float32)
+                if residual is None:
+                    plgpu.barrier_wait(io_barrier.at[lax.axis_index("wg")])
+                    residual = plgpu.load(io, layout=layout)
+                h = h + residual.astype(jnp.float32)
             return h
 
         def row_partials(h) -> list[jax.Array]:
@@ -534,11 +541,11 @@ def _kernel(
             return Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=semaphores,
                         group=lax.axis_index("m"))
 
-        def epilogue(acc, wg, cols, io, m_idx, rows, rounds):
+        def epilogue(acc, wg, cols, io, m_idx, rows, rounds, residual):
             """Publish this block's partials, store h while the peers' arrive, collect
             them and normalize."""
             loaded = load_vectors(wg, rounds)
-            h = pre_norm_sum(acc, loaded, io)
+            h = pre_norm_sum(acc, loaded, io, residual)
             site = exchange_site(wg, m_idx, rounds)
             exchange.publish(row_partials(h), ex_scratch, stats_gmem, site)
             piece = 0
@@ -560,13 +567,18 @@ def _kernel(
                 wg = lax.axis_index("wg")
                 cols = wg_cols(wg)
                 io = io_smem.at[wg]
-                if has_residual:
+                residual = None
+                if has_residual and config.residual_in_registers:
+                    # Issued before the K-loop, which hides the loads' latency.
+                    residual = plgpu.load(residual_gmem.at[rows, cols], layout=layout,
+                                          optimized=False)
+                elif has_residual:
                     stage_residual(io, rows, cols, wg)
 
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry)
+                    epilogue(acc_ref[...], wg, cols, io, m_idx, rows, carry, residual)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 wg = lax.axis_index("wg")

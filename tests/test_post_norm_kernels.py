@@ -152,6 +152,17 @@ def test_chained_blocks_continue_one_pipeline(rng, kind, residual):
     _run_and_check(rng, kind, 192, 128, 256, config, residual=residual, vectors=True)
 
 
+@pytest.mark.parametrize("kind, chained", [("rms", True), ("layer", False)])
+def test_residual_in_registers(rng, kind, chained):
+    """residual_in_registers: the residual loads from global memory straight into the
+    WGMMA layout before the K-loop (no staged tile), h and y leave in pieces; chained
+    or not, over several blocks."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               chain_blocks=chained, residual_in_registers=True)
+    _run_and_check(rng, kind, 192, 128, 256, config, residual=True, vectors=True)
+
+
 def test_chained_blocks_need_whole_rounds_of_stages():
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
                                max_concurrent_steps=3, transport="global", chain_blocks=True)
