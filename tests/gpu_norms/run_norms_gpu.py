@@ -502,7 +502,9 @@ POST_SWEEP = {
     (4096, 4096, 4096, "rms", False): _PIPELINE_VARIANTS,
     (8192, 4096, 4096, "rms", True): _PIPELINE_VARIANTS,
     (8192, 4096, 2048, "rms", True): _PIPELINE_VARIANTS,
+    (8192, 4096, 4096, "layer", True): _PIPELINE_VARIANTS,
     (8192, 4096, 2048, "layer", True): _PIPELINE_VARIANTS,
+    (8192, 4096, 1024, "layer", True): _PIPELINE_VARIANTS,
 }
 
 
