@@ -76,7 +76,8 @@ POST_NORM_SHAPES = [(8192, 4096, 4096), (4096, 4096, 2048), (2048, 4096, 3072), 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("transport", ["dsmem", "global", "semaphore"])
 def test_post_norm_matmul_lowers(m, k, n, kind, transport):
-    """With a residual: whole staged tiles, and h written."""
+    """With a residual, and h written: whole staged tiles, or (LayerNorm in grid groups
+    and under "global") the residual loaded straight into registers."""
     config = pn.select_config(m, k, n, BF16, kind=kind, residual=True, transport=transport)
     fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)
     vec = S((n,), jnp.float32)

@@ -221,6 +221,8 @@ def test_partials_read_in_place_leave_residual_cases_deep_pipelines(kind):
     config = pn.select_gpu_config(8192, 4096, 4096, BF16, kind=kind, residual=True)
     assert (config.transport, config.cluster_n) == ("semaphore", 16)
     assert (config.tile_k, config.max_concurrent_steps) == (64, 3)
+    # LayerNorm's residual goes straight to registers (measured faster); RMSNorm's is staged.
+    assert config.residual_in_registers == (kind == "layer")
     exchange = pn.RowStatsExchange(axis="n", cluster_size=16, parties=2, num_stats=3, rows=128,
                                    transport="semaphore", gpu_fences=True, repeated=True)
     assert exchange.smem_scratch().gathered is None and exchange.gathered_in_global
