@@ -25,9 +25,10 @@ more clusters than the GPU runs at once (`resident_clusters`). All CTAs of a
 cluster read the same rows of x, so on the GPU one TMA multicast can feed them
 all (`multicast`; off by default, as it measured no faster). With a
 residual, each MMA warpgroup stages one [tile_m, tile_n] tile in shared memory
-that carries, in turn, the residual in, h out and y out; without one, h and y
-leave in double-buffered 64-row pieces as in the plain GEMM, which leaves the
-pipeline the shared memory for its stages. h is written only when asked for
+that carries, in turn, the residual in, h out and y out (or, with
+`residual_in_registers`, loads the residual into registers before the K-loop);
+otherwise h and y leave in double-buffered 64-row pieces as in the plain GEMM,
+which leaves the pipeline the shared memory for its stages. h is written only when asked for
 (`pre_norm_sum`): the residual stream and autodiff need it, inference does not.
 
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
