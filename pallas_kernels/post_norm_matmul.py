@@ -20,15 +20,15 @@ the TMA warpgroup fetches the next block's first K steps while the MMA
 warpgroups run this block's epilogue; `plgpu.emit_pipeline_warp_specialized`
 with two MMA warpgroups and a TMA warpgroup for the K-loop, chained across a
 CTA's blocks where the stages allow (`chain_blocks`), so it does not drain
-between them. The grid holds no
-more clusters than the GPU runs at once (`resident_clusters`). All CTAs of a
-cluster read the same rows of x, so on the GPU one TMA multicast can feed them
-all (`multicast`; off by default, as it measured no faster). With a
-residual, each MMA warpgroup stages one [tile_m, tile_n] tile in shared memory
-that carries, in turn, the residual in, h out and y out (or, with
-`residual_in_registers`, loads the residual into registers before the K-loop);
-otherwise h and y leave in double-buffered 64-row pieces as in the plain GEMM,
-which leaves the pipeline the shared memory for its stages. h is written only when asked for
+between them. The grid holds no more clusters than the GPU runs at once
+(`resident_clusters`). All CTAs of a cluster read the same rows of x, so on
+the GPU one TMA multicast can feed them all (`multicast`; off by default, as
+it measured no faster). With a residual, each MMA warpgroup stages one
+[tile_m, tile_n] tile in shared memory that carries, in turn, the residual
+in, h out and y out (or, with `residual_in_registers`, loads the residual
+into registers before the K-loop); otherwise h and y leave in
+double-buffered 64-row pieces as in the plain GEMM, which leaves the
+pipeline the shared memory for its stages. h is written only when asked for
 (`pre_norm_sum`): the residual stream and autodiff need it, inference does not.
 
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
@@ -155,8 +155,8 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     """Shared memory of the kernel: pipeline stages, staging tiles, epilogue vectors (as many
     float32 ones as `kind` takes), gathered partials (DSMEM) and barriers."""
     stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
-    # A residual (loaded during the K-loop) is staged as a whole tile per warpgroup; without
-    # one, h and y leave in double-buffered 64 x 64 pieces, as in the plain GEMM (32-wide
+    # A residual loaded by TMA during the K-loop is staged as a whole tile per warpgroup;
+    # without one (or with one in registers), h and y leave in double-buffered 64 x 64 pieces, as in the plain GEMM (32-wide
     # pieces, to fit a fourth stage, measured slower on the H200).
     if residual and not config.residual_in_registers:
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
