@@ -156,8 +156,9 @@ def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, 
     float32 ones as `kind` takes), gathered partials (DSMEM) and barriers."""
     stage = (config.tile_m * config.tile_k + config.tile_k * config.cta_n) * itemsize
     # A residual loaded by TMA during the K-loop is staged as a whole tile per warpgroup;
-    # without one (or with one in registers), h and y leave in double-buffered 64 x 64 pieces, as in the plain GEMM (32-wide
-    # pieces, to fit a fourth stage, measured slower on the H200).
+    # without one (or with one in registers), h and y leave in double-buffered 64 x 64
+    # pieces, as in the plain GEMM (32-wide pieces, to fit a fourth stage, measured slower
+    # on the H200).
     if residual and not config.residual_in_registers:
         staging = _COMPUTE_WGS * config.tile_m * config.tile_n * itemsize
     else:
