@@ -175,21 +175,32 @@ class RowStatsExchange:
 
     @property
     def loads_as_matrix(self) -> bool:
-        """Readers load a row's partials as one [rows, partials] matrix (`partials_matrix`):
+        """Readers load a row's partials as one [rows, partials] matrix (`load_partials_matrix`):
         they lie side by side in global memory, and the WGMMA layout takes 8 columns at a
-        time. Otherwise partial by partial (`partial_rows`)."""
+        time. Otherwise partial by partial (`load_partial`)."""
         return self._via_global and self.num_partials % 8 == 0
 
-    def partial_rows(self, gathered: Any, p: int, j: int) -> Any:
-        """Stat j of partial p for every row, in the buffer `collect` returned."""
-        return gathered.at[j, :, p] if self._via_global else gathered.at[p, j]
+    def _partial_index(self, p, j: int, rows: Any) -> tuple:
+        """Where stat j of partial p lies for `rows`: [stat, row, partial] in global
+        memory (a row's partials side by side), [partial, stat, row] in shared memory."""
+        return (j, rows, p) if self._via_global else (p, j, rows)
 
-    def partials_matrix(self, gathered: Any, j: int) -> Any:
-        """Stat j of every partial, [rows, partials], in the global scratch (`loads_as_matrix`)."""
+    def load_partial(self, gathered: Any, rows: int, layout: Any, p: int, j: int) -> jax.Array:
+        """Stat j of partial p for the first `rows` rows in `layout` (a scalar for one-row
+        blocks), from the buffer `collect` returned."""
+        stat = gathered.at[self._partial_index(p, j, slice(None))]
+        if rows == 1:
+            return stat[0]
+        return plgpu.load(stat.at[pl.ds(0, rows)], layout=layout,
+                          optimized=not self.gathered_in_global)
+
+    def load_partials_matrix(self, gathered: Any, j: int) -> jax.Array:
+        """Stat j of every partial as one [rows, partials] float32 array in the WGMMA layout,
+        from the global scratch `collect` returned (`loads_as_matrix`)."""
         if not self.loads_as_matrix:
             raise ValueError(f"partials load one by one here ({self.transport!r}, "
                              f"{self.num_partials} partials)")
-        return gathered.at[j]
+        return plgpu.load(gathered.at[j], layout=plgpu.Layout.WGMMA, optimized=False)
 
     @property
     def _via_semaphores(self) -> bool:
@@ -241,7 +252,7 @@ class RowStatsExchange:
         rows == 1); wait for everyone's; return the buffer that holds them.
 
         Read stat j of partial p, where p = rank_in_cluster * parties + party,
-        with `partial_rows` (or all partials at once with `partials_matrix`).
+        with `load_partial` (or all partials at once with `load_partials_matrix`).
         With `repeated`, `site.round_index` counts the exchanges this CTA made
         before; call `release` once done reading the partials and `finish`
         before exiting.
@@ -264,7 +275,7 @@ class RowStatsExchange:
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
         slot = rank * self.parties + party
         if self._via_global:
-            _store_partials_side_by_side(gmem_scratch.at[cluster_id], slot, partials)
+            self._store_partials(gmem_scratch.at[cluster_id], slot, partials)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
@@ -331,23 +342,14 @@ class RowStatsExchange:
             target = scratch.gathered
             if self.cluster_size > 1:
                 target = plgpu.cluster_ref(target, {self.axis: peer})
-            _store_partials(target, slot, partials)
+            self._store_partials(target, slot, partials)
 
-
-def _store_partials(ref: Any, slot, partials: Sequence[jax.Array]) -> None:
-    """ref[slot, j] = partials[j] over the first rows, for every stat j (DSMEM peers' and a
-    one-CTA cluster's gathered buffer); a scalar (a one-row block's stat) fills element 0."""
-    for j, value in enumerate(partials):
-        rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
-        ref[slot, j, rows] = value
-
-
-def _store_partials_side_by_side(ref: Any, slot, partials: Sequence[jax.Array]) -> None:
-    """ref[j, :, slot] = partials[j] (global scratch, [stat, row, partial]): column `slot`,
-    so a reader finds a row's partials next to each other."""
-    for j, value in enumerate(partials):
-        rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
-        ref[j, rows, slot] = value
+    def _store_partials(self, ref: Any, slot, partials: Sequence[jax.Array]) -> None:
+        """Stat j of partial `slot` = partials[j] over the first rows, for every stat j,
+        where `_partial_index` puts it; a scalar (a one-row block's stat) fills row 0."""
+        for j, value in enumerate(partials):
+            rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
+            ref[self._partial_index(slot, j, rows)] = value
 
 
 def _signal_released(semaphore: Any, *, fence: bool) -> None:

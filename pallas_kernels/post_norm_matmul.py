@@ -487,17 +487,14 @@ def _kernel(
             per row, from every party's partials."""
             row_count = n_cluster * config.cta_n
             if exchange.loads_as_matrix:
-                stats = [plgpu.load(exchange.partials_matrix(gathered, j), layout=layout,
-                                    optimized=False) for j in range(exchange.num_stats)]
+                stats = [exchange.load_partials_matrix(gathered, j)
+                         for j in range(exchange.num_stats)]
                 if kind == "rms":
                     return (combine_rms_matrix(stats[0], row_count, eps),)
                 along_rows = lambda v: bcast(v, stats[0].shape, 0)  # noqa: E731
                 return combine_layer_matrix(*stats, tile_n, eps, along_rows)
 
-            def partial(p: int, j: int) -> jax.Array:
-                return plgpu.load(exchange.partial_rows(gathered, p, j).at[pl.ds(0, tile_m)],
-                                  layout=row_layout, optimized=not exchange.gathered_in_global)
-
+            partial = functools.partial(exchange.load_partial, gathered, tile_m, row_layout)
             if kind == "rms":
                 return (combine_rms(partial, exchange.num_partials, row_count, eps),)
             return combine_layer(partial, exchange.num_partials, tile_n, eps)

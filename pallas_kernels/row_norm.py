@@ -318,16 +318,6 @@ def num_stats(kind: Kind) -> int:
     return 1 if kind == "rms" else 3
 
 
-def _gathered_stat(exchange: RowStatsExchange, gathered, rows: int,
-                   row_vec_layout: plgpu.Layout, p: int, j: int) -> jax.Array:
-    """Stat j of partial p for every row of the block (a scalar for one-row blocks)."""
-    stat = exchange.partial_rows(gathered, p, j)
-    if rows == 1:
-        return stat[0]
-    return plgpu.load(stat.at[pl.ds(0, rows)], layout=row_vec_layout,
-                      optimized=not exchange.gathered_in_global)
-
-
 def _kernel(
     *refs,
     kind: Kind,
@@ -420,7 +410,7 @@ def _kernel(
             partials = [jnp.sum(v, axis=0) for v in partials]
         gathered = exchange.all_gather(partials, ex_scratch, stats_gmem,
                                        Site(party=0, cluster_id=lax.axis_index("m")))
-        partial = functools.partial(_gathered_stat, exchange, gathered, bm, layout.reduce(1))
+        partial = functools.partial(exchange.load_partial, gathered, bm, layout.reduce(1))
     if kind == "rms":
         inv = combine_rms(partial, n, k, eps)
         shift = mu = None
