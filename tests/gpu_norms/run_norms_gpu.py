@@ -126,6 +126,18 @@ def post_size(m: int, k: int, n: int) -> tuple[int, int, int]:
     return (m, k, n) if not SMOKE else (64, 128, 512 if n > 256 else 256)
 
 
+def post_pick(m: int, k: int, n: int, kind: str, residual: bool):
+    """The sizes a post-norm case runs at and its config: what impl="mosaic" runs on the
+    GPU (a cluster or a grid group); under SMOKE, the interpreter's at toy sizes."""
+    from pallas_kernels import post_norm_matmul as pn
+
+    mm, kk, nn = post_size(m, k, n)
+    if SMOKE:
+        return (mm, kk, nn), pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
+                                              transport=transport(), max_cluster=max_cluster())
+    return (mm, kk, nn), pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual)
+
+
 def transport() -> str:
     return "global" if SMOKE else "dsmem"
 
@@ -464,18 +476,11 @@ POST_TIME_SHAPES = [(8192, 4096, 4096), (8192, 4096, 2048), (4096, 4096, 4096),
 
 
 def section_post_time(sec: Section) -> None:
-    from pallas_kernels import post_norm_matmul as pn
-
     cases = [(shape, "rms", False) for shape in POST_TIME_SHAPES]
     cases += [(shape, kind, True) for shape in ((8192, 4096, 4096), (8192, 4096, 2048),
                                                 (8192, 4096, 1024)) for kind in ("rms", "layer")]
     for (m, k, n), kind, residual in cases:
-        mm, kk, nn = post_size(m, k, n)
-        if SMOKE:
-            config = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
-                                      transport=transport(), max_cluster=max_cluster())
-        else:  # what impl="mosaic" runs: a cluster or a grid group
-            config = pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual)
+        (mm, kk, nn), config = post_pick(m, k, n, kind, residual)
         label = f"time post {kind} {m}x{k}x{n}{' +res' if residual else ''}"
         _time_post(sec, label, mm, kk, nn, kind, config, True, residual)
 
@@ -519,12 +524,7 @@ def section_post_sweep(sec: Section) -> None:
     from pallas_kernels import post_norm_matmul as pn
 
     for (m, k, n, kind, residual), variants in POST_SWEEP.items():
-        mm, kk, nn = post_size(m, k, n)
-        if SMOKE:
-            base = pn.select_config(mm, kk, nn, BF16, kind=kind, residual=residual,
-                                    transport=transport(), max_cluster=max_cluster())
-        else:
-            base = pn.select_gpu_config(mm, kk, nn, BF16, kind=kind, residual=residual)
+        (mm, kk, nn), base = post_pick(m, k, n, kind, residual)
         shape = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
         _time_post(sec, f"sweep post {shape} pick", mm, kk, nn, kind, base, True, residual)
         timed = {base}
