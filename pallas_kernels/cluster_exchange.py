@@ -133,6 +133,9 @@ class RowStatsExchange:
         "semaphore" (GPU grid group).
       gpu_fences: emit the memory fences (False under the interpreter).
       repeated: the kernel exchanges once per row block, several times per CTA.
+      row_split: the parties of a CTA own disjoint `rows`-row ranges (party p rows
+        [p * rows, (p + 1) * rows)) instead of the same rows, so a row has one partial
+        per CTA; each party waits only for those that share its rows.
     """
 
     axis: str
@@ -143,6 +146,7 @@ class RowStatsExchange:
     transport: Transport
     gpu_fences: bool
     repeated: bool = False
+    row_split: bool = False
 
     def __post_init__(self) -> None:
         if self.transport not in ("dsmem", "global", "semaphore"):
@@ -153,14 +157,26 @@ class RowStatsExchange:
 
     @property
     def num_partials(self) -> int:
-        return self.cluster_size * self.parties
+        """Partials of one row: one per party that covers it."""
+        return self.cluster_size * (1 if self.row_split else self.parties)
+
+    @property
+    def _row_sets(self) -> int:
+        """Parties of a CTA with rows of their own."""
+        return self.parties if self.row_split else 1
+
+    def _slot(self, rank, party):
+        return rank if self.row_split else rank * self.parties + party
+
+    def _first_row(self, party):
+        return party * self.rows if self.row_split else 0
 
     @property
     def _padded_rows(self) -> int:
         # Copies into shared memory move multiples of 128 bytes (one arrival per
         # thread of the warpgroup) and TMA strides are multiples of 16 bytes: pad
         # each stat to 32 floats. Rows past `rows` are never written nor read.
-        return -(-self.rows // 32) * 32
+        return -(-self.rows * self._row_sets // 32) * 32
 
     @property
     def _via_global(self) -> bool:
@@ -236,10 +252,14 @@ class RowStatsExchange:
 
     def semaphores(self, num_groups: int) -> Any:
         """The "semaphore" transport's global semaphores (call inside the kernel), else None:
-        one counter per group, which jax zero-fills before every call."""
+        one counter per group (per group and party with `row_split`), which jax zero-fills
+        before every call."""
         if not self._via_semaphores:
             return None
-        return pl.get_global(plgpu.SemaphoreType.REGULAR((num_groups,)))
+        return pl.get_global(plgpu.SemaphoreType.REGULAR((num_groups * self._row_sets,)))
+
+    def _counter(self, semaphores: Any, group, party) -> Any:
+        return semaphores.at[group * self._row_sets + party if self.row_split else group]
 
     def all_gather(
         self,
@@ -273,9 +293,9 @@ class RowStatsExchange:
         if len(partials) != self.num_stats:
             raise ValueError(f"expected {self.num_stats} partial statistics, got {len(partials)}")
         rank = jax.lax.axis_index(self.axis) if self.cluster_size > 1 else 0
-        slot = rank * self.parties + party
+        slot, first_row = self._slot(rank, party), self._first_row(party)
         if self._via_global:
-            self._store_partials(gmem_scratch.at[cluster_id], slot, partials)
+            self._store_partials(gmem_scratch.at[cluster_id], slot, first_row, partials)
         else:
             if self._needs_free:
                 # Every peer must be done reading the previous round.
@@ -284,9 +304,9 @@ class RowStatsExchange:
                         self._wait_free(scratch)()
                 else:
                     pl.when(round_index > 0)(self._wait_free(scratch))
-            self._publish_dsmem(partials, scratch, slot)
+            self._publish_dsmem(partials, scratch, slot, first_row)
         if self._via_semaphores:
-            _signal_released(semaphores.at[group], fence=self.gpu_fences)
+            _signal_released(self._counter(semaphores, group, party), fence=self.gpu_fences)
         else:
             if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
@@ -300,21 +320,26 @@ class RowStatsExchange:
     ) -> Any:
         """Wait for every party's partials of round `site.round_index`; return the buffer
         that holds them (as from `all_gather`): shared memory, or the global scratch
-        for the transports through global memory."""
+        for the transports through global memory; with `row_split`, a view of this
+        party's rows."""
         party, cluster_id, round_index, semaphores, group = site
         if self._via_semaphores:
-            # The group's counter only grows: once it holds num_partials * (r + 1), every
-            # party has published round r (none publishes round r + 1 before it sees
-            # that). One thread polls, fences (acquire, GPU scope), then the warpgroup meets.
-            plgpu.semaphore_wait(semaphores.at[group], self.num_partials * (round_index + 1),
+            # The counter only grows: once it holds num_partials * (r + 1), every party
+            # sharing these rows has published round r (none publishes round r + 1 before
+            # it sees that). One thread polls, fences (acquire, GPU scope), then the
+            # warpgroup meets.
+            plgpu.semaphore_wait(self._counter(semaphores, group, party),
+                                 self.num_partials * (round_index + 1),
                                  decrement=False, memory_scope="gpu")
         else:
             plgpu.barrier_wait(scratch.barrier)
             if self.gpu_fences and self.cluster_size > 1:
                 _fence("fence.acq_rel.cluster;")
-        if self._via_global:
-            return gmem_scratch.at[cluster_id]
-        return scratch.gathered
+        gathered = gmem_scratch.at[cluster_id] if self._via_global else scratch.gathered
+        if self.row_split:
+            rows = pl.ds(self._first_row(party), self.rows)
+            return gathered.at[:, rows] if self._via_global else gathered.at[:, :, rows]
+        return gathered
 
     def release(self, scratch: ExchangeScratch) -> None:
         """This party is done reading `gathered` (repeated DSMEM exchanges only)."""
@@ -337,18 +362,20 @@ class RowStatsExchange:
 
         return wait
 
-    def _publish_dsmem(self, partials: Sequence[jax.Array], scratch: ExchangeScratch, slot) -> None:
+    def _publish_dsmem(self, partials: Sequence[jax.Array], scratch: ExchangeScratch, slot,
+                       first_row) -> None:
         for peer in range(self.cluster_size):
             target = scratch.gathered
             if self.cluster_size > 1:
                 target = plgpu.cluster_ref(target, {self.axis: peer})
-            self._store_partials(target, slot, partials)
+            self._store_partials(target, slot, first_row, partials)
 
-    def _store_partials(self, ref: Any, slot, partials: Sequence[jax.Array]) -> None:
-        """Stat j of partial `slot` = partials[j] over the first rows, for every stat j,
-        where `_partial_index` puts it; a scalar (a one-row block's stat) fills row 0."""
+    def _store_partials(self, ref: Any, slot, first_row, partials: Sequence[jax.Array]) -> None:
+        """Stat j of partial `slot` = partials[j] over the rows from `first_row`, for every
+        stat j, where `_partial_index` puts it; a scalar (a one-row block's stat) fills
+        row 0."""
         for j, value in enumerate(partials):
-            rows = 0 if value.ndim == 0 else pl.ds(0, value.shape[0])
+            rows = 0 if value.ndim == 0 else pl.ds(first_row, value.shape[0])
             ref[self._partial_index(slot, j, rows)] = value
 
 

@@ -124,6 +124,21 @@ def test_post_norm_chained_blocks_lower(kind, residual, stages):
            S((m, n), BF16) if residual else None)
 
 
+@pytest.mark.parametrize("kind, residual, n", [("rms", False, 4096), ("layer", True, 2048)])
+def test_post_norm_split_rows_lower(kind, residual, n):
+    """Stacked warpgroups (64 x 256 each, split_rows) over the GPU pick's grid group."""
+    import dataclasses
+
+    m, k = 8192, 4096
+    config = dataclasses.replace(
+        pn.select_gpu_config(m, k, n, BF16, kind=kind, residual=residual),
+        tile_m=64, tile_n=256, split_rows=True)
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config)
+    vec = S((n,), jnp.float32)
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None,
+           S((m, n), BF16) if residual else None)
+
+
 def test_post_norm_without_vectors_or_residual_lowers():
     config = pn.select_config(4096, 4096, 4096, BF16, kind="rms")
     fn = functools.partial(pn.post_norm_matmul, kind="rms", eps=1e-6, config=config)
@@ -142,8 +157,9 @@ def test_semaphore_signals_fence_once_at_gpu_scope():
     assert text.count("fence.acq_rel.gpu") == 1
     assert "ld.relaxed.gpu.global" in text and "atom.relaxed.gpu.global.cas" not in text
     assert "fence.release.sys" not in text
-    # The counters only grow: they count on jax zero-filling them (one per group) before
-    # every call.
-    assert f"-> tensor<{config.grid_clusters}xi32>" in text
+    # The counters only grow: they count on jax zero-filling them (one per group and row
+    # half: the pick stacks its warpgroups) before every call.
+    assert config.split_rows
+    assert f"-> tensor<{2 * config.grid_clusters}xi32>" in text
     # Partials move by plain stores and loads: no TMA round trip, so no proxy fence.
     assert "fence.proxy.async.global" not in text

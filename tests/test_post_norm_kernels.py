@@ -163,6 +163,27 @@ def test_residual_in_registers(rng, kind, chained):
     _run_and_check(rng, kind, 192, 128, 256, config, residual=True, vectors=True)
 
 
+@pytest.mark.parametrize(
+    "kind, cluster_n, residual, chained, in_registers",
+    [("rms", 2, True, False, False), ("layer", 2, True, True, True),
+     ("rms", 8, False, True, False), ("layer", 8, False, False, False)],
+    ids=["rms-staged-residual", "layer-chained-registers", "rms-8-partials-chained",
+         "layer-8-partials"],
+)
+def test_split_rows_give_each_warpgroup_its_own_rows(rng, kind, cluster_n, residual, chained,
+                                                     in_registers):
+    """split_rows: the two MMA warpgroups stack (each 64 rows x all of the CTA's columns),
+    so a row has one partial per CTA and each warpgroup reads its own rows' partials: one
+    by one (2 a row) or as one [rows, 8] matrix, over three row blocks."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=cluster_n, tile_k=32,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               chain_blocks=chained, residual_in_registers=in_registers,
+                               split_rows=True)
+    assert (config.cta_m, config.cta_n) == (128, 64)
+    _run_and_check(rng, kind, 384, 128, 64 * cluster_n, config, residual=residual,
+                   vectors=True)
+
+
 def test_chained_blocks_need_whole_rounds_of_stages():
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, tile_k=32,
                                max_concurrent_steps=3, transport="global", chain_blocks=True)
@@ -248,10 +269,13 @@ def test_gpu_picks_chain_row_blocks_where_every_group_gets_two(m, n, chained):
 
 def test_shape_errors_name_the_dimension():
     config = pn.PostNormConfig(tile_m=128, tile_n=128, cluster_n=2)
-    with pytest.raises(ValueError, match="M=100 must be divisible by tile_m=128"):
+    with pytest.raises(ValueError, match="M=100 must be divisible by the CTA's 128 rows"):
         pn.check_shape(100, 256, 512, config)
-    with pytest.raises(ValueError, match="N=256 must equal cluster_n=2 x 2 warpgroups x tile_n=128"):
+    with pytest.raises(ValueError, match="N=256 must equal cluster_n=2 x the CTA's 256 columns"):
         pn.check_shape(128, 256, 256, config)
+    stacked = dataclasses.replace(config, tile_m=64, tile_n=256, split_rows=True)
+    with pytest.raises(ValueError, match="M=64 must be divisible by the CTA's 128 rows"):
+        pn.check_shape(64, 256, 512, stacked)
 
 
 def test_wide_rows_and_float32_are_unsupported(rng):

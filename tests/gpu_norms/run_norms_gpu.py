@@ -30,7 +30,8 @@ costs its section, not the run):
 
 ONLY=post,post_time,post_sweep runs a subset of the sections; a section that
 times out (a hung kernel) stops the run. MATCH_post_time=+res runs only that
-section's items whose label holds "+res".
+section's items whose label holds "+res" (MATCH_post_sweep="pick|split" either);
+ROUNDS=2 times post_sweep's picks and variants twice, in turn.
 
 Prints a compact table last and writes $OUT/norms_gpu.json (plus the log).
 SMOKE=1 runs the same script on a CPU at toy sizes under the Mosaic GPU
@@ -93,8 +94,8 @@ class Section:
 
     def run(self, label: str, fn) -> None:
         wanted = os.environ.get(f"MATCH_{self.name}")
-        if wanted and wanted not in label:
-            return  # MATCH_<section>=text runs only the section's items labelled with it
+        if wanted and not any(text in label for text in wanted.split("|")):
+            return  # MATCH_<section>=a|b runs only the section's items labelled with a or b
         if self.over_budget():
             self.add(dict(name=label, skipped="section time limit"))
             return
@@ -490,9 +491,13 @@ def section_post_time(sec: Section) -> None:
 # (32-wide K steps measured slower than 64 x 3: tests/gpu_norms/h200_results.md.)
 # "chained" runs a CTA's row blocks as one pipeline (K steps a multiple of the stages);
 # 64 x 2 and 32 x 4 chained measured 7-20% slower (tests/gpu_norms/h200_results.md).
+# The two MMA warpgroups stacked (64 x 256 each) instead of side by side (128 x 128 each):
+# the same 128 x 256 CTA tile, one partial a row per CTA instead of two.
+_SPLIT_ROWS = {"split rows": dict(tile_m=64, tile_n=256, split_rows=True)}
 _PIPELINE_VARIANTS = {"64x4": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=False),
                       "64x3": dict(tile_k=64, max_concurrent_steps=3, chain_blocks=False),
-                      "64x4 chained": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=True)}
+                      "64x4 chained": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=True),
+                      **_SPLIT_ROWS}
 # With a residual: staged in shared memory by TMA, or loaded into registers.
 _RESIDUAL_VARIANTS = {**_PIPELINE_VARIANTS,
                       "res staged": dict(residual_in_registers=False),
@@ -502,7 +507,9 @@ _RESIDUAL_VARIANTS = {**_PIPELINE_VARIANTS,
                       "res in registers 64x3": dict(
                           residual_in_registers=True, tile_k=64, max_concurrent_steps=3,
                           chain_blocks=False)}
-# (M, K, N, kind, residual) -> variants.
+# (M, K, N, kind, residual) -> variants. ROUNDS=r times the pick and its variants r times in
+# turn (the baselines once), for A/B comparisons within one call.
+_SWEEP_ROUNDS = int(os.environ.get("ROUNDS", "1"))
 POST_SWEEP = {
     (8192, 4096, 4096, "rms", False): {**_PIPELINE_VARIANTS, "with h": {}},
     (8192, 4096, 2048, "rms", False): {**_PIPELINE_VARIANTS, "with h": {}},
@@ -526,8 +533,7 @@ def section_post_sweep(sec: Section) -> None:
     for (m, k, n, kind, residual), variants in POST_SWEEP.items():
         (mm, kk, nn), base = post_pick(m, k, n, kind, residual)
         shape = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
-        _time_post(sec, f"sweep post {shape} pick", mm, kk, nn, kind, base, True, residual)
-        timed = {base}
+        runs = {"pick": (base, None)}
         for name, knobs in variants.items():
             try:
                 config = dataclasses.replace(base, **knobs)
@@ -535,11 +541,14 @@ def section_post_sweep(sec: Section) -> None:
             except ValueError as e:
                 sec.add(dict(name=f"sweep {shape} {name}", skipped=str(e)))
                 continue
-            if config in timed and name != "with h":
+            if name != "with h" and config in (c for c, _ in runs.values()):
                 continue  # the pick itself, or a variant already timed
-            timed.add(config)
-            _time_post(sec, f"sweep post {shape} {name}", mm, kk, nn, kind, config,
-                       False, residual, pre_norm_sum=(name == "with h") or None)
+            runs[name] = (config, (name == "with h") or None)
+        for r in range(_SWEEP_ROUNDS):
+            suffix = f" r{r + 1}" if _SWEEP_ROUNDS > 1 else ""
+            for name, (config, pre_norm_sum) in runs.items():
+                _time_post(sec, f"sweep post {shape} {name}{suffix}", mm, kk, nn, kind, config,
+                           name == "pick" and r == 0, residual, pre_norm_sum=pre_norm_sum)
 
 
 def _rel_err_vs_f64(y, kind, x, w, b, g, nb, r) -> float:
