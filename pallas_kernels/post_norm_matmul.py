@@ -482,20 +482,37 @@ def _kernel(
         def bcast(v: jax.Array, shape: tuple[int, int], dim: int) -> jax.Array:
             return plgpu.layout_cast(lax.broadcast_in_dim(v, shape, [dim]), layout)
 
-        def load_vectors(wg, rounds) -> dict[str, jax.Array]:
-            """The epilogue vectors; the first round waits for their copy."""
-            if not vectors:
-                return {}
+        def vector_loader(wg, rounds):
+            """vector(name, first, width): columns [first, first + width) of an epilogue
+            vector, loaded from shared memory where used; the first round waits for
+            their copy."""
             copy = 0 if vec_copies == 1 else wg
-            pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[copy]))
-            return {name: plgpu.load(smem.at[copy], layout=col_layout).astype(jnp.float32)
-                    for (_, name), smem in zip(vectors, vec_smem)}
+            if vectors:
+                pl.when(rounds == 0)(lambda: plgpu.barrier_wait(vec_barrier.at[copy]))
+            smem = {name: ref.at[copy] for (_, name), ref in zip(vectors, vec_smem)}
 
-        def pre_norm_sum(acc, loaded, io, residual) -> jax.Array:
+            def vector(name: str, first: int, width: int) -> jax.Array:
+                return plgpu.load(smem[name].at[pl.ds(first, width)],
+                                  layout=col_layout).astype(jnp.float32)
+
+            return vector
+
+        # Column chunks of the epilogue's arithmetic: 256-wide warpgroup tiles would hold
+        # 64 registers per thread for each whole vector next to the 128 accumulators, so
+        # they take theirs 64 columns at a time.
+        chunk = tile_n if tile_n <= 128 else _PIECE
+
+        def by_columns(fn, value: jax.Array) -> jax.Array:
+            """fn(columns [c, c + chunk) of value, c) for each chunk, side by side."""
+            parts = [fn(value[:, c:c + chunk], c) for c in range(0, tile_n, chunk)]
+            return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+
+        def pre_norm_sum(acc, vector, io, residual) -> jax.Array:
             """acc + bias (+ the residual: in registers, or staged in `io`), float32."""
             h = acc
             if has_bias:
-                h = h + bcast(loaded["bias"], h.shape, 1)
+                h = by_columns(lambda part, c: part + bcast(vector("bias", c, chunk),
+                                                            part.shape, 1), h)
             if has_residual:
                 if residual is None:
                     plgpu.barrier_wait(io_barrier.at[lax.axis_index("wg")])
@@ -506,14 +523,16 @@ def _kernel(
         def row_partials(h) -> list[jax.Array]:
             if kind == "rms":
                 return [jnp.sum(h * h, axis=1)]
-            # Shift by the warpgroup's own mean, then two-pass: exact enough
-            # that Chan's combine of the partials keeps float32 precision.
+            # Shift by the warpgroup's own mean, then the corrected two-pass sum
+            # (Chan, Golub & LeVeque): exact enough that Chan's combine of the
+            # partials keeps float32 precision, one operation an element fewer than
+            # centring twice.
             inv_count = 1.0 / tile_n
             shift = jnp.sum(h, axis=1) * inv_count
             d = h - bcast(shift, h.shape, 0)
-            mean_d = jnp.sum(d, axis=1) * inv_count
-            c = d - bcast(mean_d, h.shape, 0)
-            return [shift, mean_d, jnp.sum(c * c, axis=1)]
+            sum_d = jnp.sum(d, axis=1)
+            mean_d = sum_d * inv_count
+            return [shift, mean_d, jnp.sum(d * d, axis=1) - sum_d * mean_d]
 
         def row_statistics(gathered) -> tuple[jax.Array, ...]:
             """The block's (row scale,) for RMSNorm or (shift, mean, 1/std) for LayerNorm,
@@ -532,20 +551,24 @@ def _kernel(
                 return (combine_rms(partial, exchange.num_partials, row_count, eps),)
             return combine_layer(partial, exchange.num_partials, tile_n, eps)
 
-        def normalize(h, gathered, loaded) -> jax.Array:
+        def normalize(h, gathered, vector) -> jax.Array:
             """Norm of the block's rows from the gathered partials, then gain and bias."""
-            if kind == "rms":
-                (row_scale,) = row_statistics(gathered)
-                y = h * bcast(row_scale, h.shape, 0)
-            else:
-                shift0, mu, inv = row_statistics(gathered)
-                y = ((h - bcast(shift0, h.shape, 0)) - bcast(mu, h.shape, 0)) * bcast(
-                    inv, h.shape, 0)
-            if has_scale:
-                y = y * bcast(loaded["scale"], h.shape, 1)
-            if has_norm_bias:
-                y = y + bcast(loaded["norm_bias"], h.shape, 1)
-            return y
+            stats = row_statistics(gathered)
+
+            def normalize_columns(part, c):
+                along = lambda v: bcast(v, part.shape, 0)  # noqa: E731
+                if kind == "rms":
+                    y = part * along(stats[0])
+                else:
+                    shift0, mu, inv = stats
+                    y = ((part - along(shift0)) - along(mu)) * along(inv)
+                if has_scale:
+                    y = y * bcast(vector("scale", c, chunk), part.shape, 1)
+                if has_norm_bias:
+                    y = y + bcast(vector("norm_bias", c, chunk), part.shape, 1)
+                return y
+
+            return by_columns(normalize_columns, h)
 
         def store_staged(io, out_gmem, rows, cols) -> None:
             plgpu.commit_smem()
@@ -582,15 +605,15 @@ def _kernel(
         def epilogue(acc, wg, cols, io, m_idx, rows, rounds, residual):
             """Publish this block's partials, store h while the peers' arrive, collect
             them and normalize."""
-            loaded = load_vectors(wg, rounds)
-            h = pre_norm_sum(acc, loaded, io, residual)
+            vector = vector_loader(wg, rounds)
+            h = pre_norm_sum(acc, vector, io, residual)
             site = exchange_site(wg, m_idx, rounds)
             exchange.publish(row_partials(h), ex_scratch, stats_gmem, site)
             piece = 0
             if store_h:
                 piece = store_tile(h, io, h_gmem, rows, cols)
             gathered = exchange.collect(ex_scratch, stats_gmem, site)
-            y = normalize(h, gathered, loaded)
+            y = normalize(h, gathered, vector)
             exchange.release(ex_scratch)
             store_tile(y, io, y_gmem, rows, cols, piece)
 

@@ -164,24 +164,26 @@ def test_residual_in_registers(rng, kind, chained):
 
 
 @pytest.mark.parametrize(
-    "kind, cluster_n, residual, chained, in_registers",
-    [("rms", 2, True, False, False), ("layer", 2, True, True, True),
-     ("rms", 8, False, True, False), ("layer", 8, False, False, False)],
+    "kind, tile_n, cluster_n, residual, chained, in_registers",
+    [("rms", 64, 2, True, False, False), ("layer", 64, 2, True, True, True),
+     ("rms", 64, 8, False, True, False), ("layer", 64, 8, False, False, False),
+     ("layer", 256, 2, True, False, True), ("rms", 256, 2, True, False, False)],
     ids=["rms-staged-residual", "layer-chained-registers", "rms-8-partials-chained",
-         "layer-8-partials"],
+         "layer-8-partials", "layer-256-wide-registers", "rms-256-wide-staged"],
 )
-def test_split_rows_give_each_warpgroup_its_own_rows(rng, kind, cluster_n, residual, chained,
-                                                     in_registers):
+def test_split_rows_give_each_warpgroup_its_own_rows(rng, kind, tile_n, cluster_n, residual,
+                                                     chained, in_registers):
     """split_rows: the two MMA warpgroups stack (each 64 rows x all of the CTA's columns),
     so a row has one partial per CTA and each warpgroup reads its own rows' partials: one
-    by one (2 a row) or as one [rows, 8] matrix, over three row blocks."""
-    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=cluster_n, tile_k=32,
+    by one (2 a row) or as one [rows, 8] matrix, over three row blocks. 256-wide tiles
+    take their epilogue 64 columns at a time."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=tile_n, cluster_n=cluster_n, tile_k=32,
                                max_concurrent_steps=2, transport="global", grid_clusters=1,
                                chain_blocks=chained, residual_in_registers=in_registers,
                                split_rows=True)
-    assert (config.cta_m, config.cta_n) == (128, 64)
-    _run_and_check(rng, kind, 384, 128, 64 * cluster_n, config, residual=residual,
-                   vectors=True)
+    assert (config.cta_m, config.cta_n) == (128, tile_n)
+    _run_and_check(rng, kind, 384, 128, tile_n * cluster_n, config, residual=residual,
+                   vectors=True, bias_mean=100.0 if kind == "layer" else 0.0)
 
 
 def test_chained_blocks_need_whole_rounds_of_stages():

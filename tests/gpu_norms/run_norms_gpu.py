@@ -491,9 +491,10 @@ def section_post_time(sec: Section) -> None:
 # (32-wide K steps measured slower than 64 x 3: tests/gpu_norms/h200_results.md.)
 # "chained" runs a CTA's row blocks as one pipeline (K steps a multiple of the stages);
 # 64 x 2 and 32 x 4 chained measured 7-20% slower (tests/gpu_norms/h200_results.md).
-# The two MMA warpgroups stacked (64 x 256 each) instead of side by side (128 x 128 each):
-# the same 128 x 256 CTA tile, one partial a row per CTA instead of two.
-_SPLIT_ROWS = {"split rows": dict(tile_m=64, tile_n=256, split_rows=True)}
+# The two MMA warpgroups stacked (64 x 256 each) or side by side (128 x 128 each): the
+# same 128 x 256 CTA tile, one partial a row per CTA or two.
+_SPLIT_ROWS = {"split rows": dict(tile_m=64, tile_n=256, split_rows=True),
+               "side by side": dict(tile_m=128, tile_n=128, split_rows=False)}
 _PIPELINE_VARIANTS = {"64x4": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=False),
                       "64x3": dict(tile_k=64, max_concurrent_steps=3, chain_blocks=False),
                       "64x4 chained": dict(tile_k=64, max_concurrent_steps=4, chain_blocks=True),
@@ -575,18 +576,19 @@ def section_post_semaphore(sec: Section) -> None:
 
     rng = np.random.default_rng(6)
 
-    def agree(kind, m, k, n, residual, bias_mean=0.0):
+    def agree(kind, m, k, n, residual, bias_mean=0.0, **changes):
         def run():
             x, w = rand(rng, (m, k)), rand(rng, (k, n), BF16, 1 / np.sqrt(k))
             b = rand(rng, (n,), jnp.float32, shift=bias_mean)
             g = rand(rng, (n,), jnp.float32, 0.2, 1.0)
             r = rand(rng, (m, n)) if residual else None
             nb = b if kind == "layer" else None
-            sem = pn.select_config(m, k, n, BF16, kind=kind, residual=residual,
-                                   transport="semaphore")
+            sem = dataclasses.replace(pn.select_config(m, k, n, BF16, kind=kind,
+                                                       residual=residual, transport="semaphore"),
+                                      **changes)
             glob = dataclasses.replace(
                 pn.select_config(m, k, n, BF16, kind=kind, residual=residual, transport="global"),
-                grid_clusters=None, chain_blocks=False)
+                grid_clusters=None, chain_blocks=False, **changes)
             outs = [pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6, config=c)
                     for c in (sem, glob)]
             y_only, no_h = pn.post_norm_matmul(x, w, b, g, nb, r, kind=kind, eps=1e-6,
@@ -603,12 +605,16 @@ def section_post_semaphore(sec: Section) -> None:
             item["max_rel_err_vs_f64"] = _rel_err_vs_f64(outs[0][0], kind, x, w, b, g, nb, r)
             assert item["max_rel_err_vs_f64"] < 1e-2
             return item
-        sec.run(f"semaphore agrees {kind} {m}x{k}x{n}{' +res' if residual else ''}", run)
+        label = f"{kind} {m}x{k}x{n}{' +res' if residual else ''}"
+        sec.run(f"semaphore agrees {label}{' split rows' if changes else ''}", run)
 
     agree("rms", 2048, 1024, 4096, False)  # 16 blocks over 8 groups of 16: 2 rounds
     agree("layer", 4096, 1024, 2048, True, bias_mean=100.0)  # 32 blocks, 16 groups of 8
     agree("rms", 8192, 512, 1024, True)  # 64 blocks, 33 groups of 4
     agree("layer", 2048, 512, 512, False)  # 16 blocks, 16 of 66 groups of 2
+    # Stacked 64 x 256 warpgroups with a residual in registers, epilogue 64 columns at a time.
+    agree("layer", 4096, 1024, 2048, True, bias_mean=100.0, tile_m=64, tile_n=256,
+          split_rows=True)
 
 
 def section_post_kernels(sec: Section) -> None:
