@@ -308,12 +308,15 @@ def select_config(
             f"N={n} > {max_cluster * _COMPUTE_WGS * 256}: a row must fit "
             f"{max_cluster} CTAs x 2 warpgroups x 256 columns"
         )
-    # RMSNorm without a residual stacks its warpgroups (64 x 256 each) where it can: one
-    # partial a row per CTA instead of two. H200, grid groups, one call, two rounds each:
-    # 369.2 vs 375.4 us at 8192 x 4096 x 4096, 180.6 vs 181.8 at x 2048, 91.0 vs 91.7 at
-    # x 1024, 184.7 vs 188.5 at 4096 x 4096 x 4096; with a residual 0.3-0.5% slower,
-    # LayerNorm with one 6-15% slower. (Our plain GEMM is as fast either way.)
-    stacked = kind == "rms" and not residual and transport != "dsmem"
+    # Grid groups stack their warpgroups (64 x 256 each) where they can: one partial a
+    # row per CTA instead of two, which a LayerNorm row has three of. H200, one call, two
+    # rounds each, stacked vs side by side (us): RMSNorm 362.6 vs 368.6 at 8192 x 4096 x
+    # 4096, 177.2 vs 178.3 at x 2048, 89.5 vs 89.9 at x 1024, 182.0 vs 184.7 at 4096 x
+    # 4096 x 4096; with a residual 392.8 vs 397.6 and 191.7 vs 192.3; LayerNorm with a
+    # residual 405.8 vs 420.7, 199.2 vs 201.8, 100.0 vs 101.3 at 8192 x 4096 x {4096,
+    # 2048, 1024}. (LayerNorm without a residual is unmeasured; our plain GEMM is as fast
+    # either way.)
+    stacked = transport != "dsmem" and (kind == "rms" or residual)
     tiles = [(64, 256, True)] if stacked else []
     for tile_m, tile_n, split_rows in tiles + [(tm, tn, False) for tm, tn in _TILES]:
         cta_m = tile_m * (_COMPUTE_WGS if split_rows else 1)
