@@ -197,8 +197,9 @@ def test_automatic_dispatch_records_why_a_kernel_was_declined(monkeypatch):
 
 
 def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faster():
-    """RMSNorm at M >= 2048, K >= 4096, N <= 4096 (faster than a bf16 XLA dot + norm on the
-    H200); wider rows, fewer rows, smaller K and LayerNorm stay with xla, with the reason."""
+    """RMSNorm at M >= 2048, K >= 4096, N <= 4096 and LayerNorm with a residual at M >= 8192
+    (faster than a bf16 XLA dot + norm on the H200); the rest stays with xla, with the
+    reason."""
     import jax
 
     from jaxnorm import dispatch
@@ -216,5 +217,12 @@ def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faste
         reason = decline["dense_rms_norm"](s((m, k), bf16), s((k, n), bf16), None, None, None,
                                            eps=1e-6)
         assert f"M={m}, K={k}, N={n}" in reason and "not measured faster" in reason
+    # LayerNorm: only with a residual (the post-LN block), at M >= 8192 and 1024 <= N <= 4096.
     reason = decline["dense_layer_norm"](x, w, None, None, None, None, eps=1e-6)
-    assert "LayerNorm at M=8192" in reason
+    assert "LayerNorm at M=8192, K=4096, N=2048:" in reason
+    res = s((8192, 2048), bf16)
+    assert decline["dense_layer_norm"](x, w, None, None, None, res, eps=1e-6) is None
+    for m, n in ((4096, 2048), (8192, 512)):
+        reason = decline["dense_layer_norm"](s((m, 4096), bf16), s((4096, n), bf16), None, None,
+                                             None, s((m, n), bf16), eps=1e-6)
+        assert f"LayerNorm at M={m}, K=4096, N={n} with a residual" in reason

@@ -186,38 +186,47 @@ def dense_layer_norm(
 
 # Measured on the H200 against the stock bfloat16 `norm(x @ w + b)` (what a user
 # writes without jaxnorm, and about what the xla path costs when h is not
-# returned), CUPTI, K = 4096, 2026-11-30 (tests/gpu_norms/h200_results.md): with
-# row blocks chained, RMSNorm took 0.89-0.94x its time at M = 4096-8192 with
-# N <= 2048 and 0.97-0.99x at 8192 x 4096 x 4096 (0.89-0.91x at 4096 x 4096 x
-# 4096; with a residual 0.89-0.94x); LayerNorm with a residual took 0.92-0.95x
-# at M = 8192, N <= 2048 and 1.005x at N = 4096 (one call, M = 4096 unmeasured).
-# Automatic dispatch takes the kernel only where it measured faster;
-# impl="mosaic" forces it elsewhere.
+# returned), CUPTI, K = 4096, 2026-11-30 (tests/gpu_norms/h200_results.md):
+# RMSNorm took 0.79-0.93x its time at M = 4096-8192 with N <= 2048 and 0.88-0.96x
+# at N = 4096 (with a residual 0.89-0.93x); LayerNorm with a residual 0.88-0.94x at
+# M = 8192, N = 1024-4096 (two calls). LayerNorm without a residual, or with fewer
+# rows, is not measured. Automatic dispatch takes the kernel only where it measured
+# faster; impl="mosaic" forces it elsewhere.
 _POST_NORM_MIN_ROWS, _POST_NORM_MIN_K, _POST_NORM_MAX_N = 2048, 4096, 4096
+_POST_LAYER_NORM_MIN_ROWS, _POST_LAYER_NORM_MIN_N = 8192, 1024
 
 
-def _post_norm_not_faster(kind: str, x: Array, kernel: Array) -> str | None:
+def _post_norm_not_faster(kind: str, x: Array, kernel: Array,
+                          residual: Array | None) -> str | None:
     (m, k), n = x.shape, kernel.shape[1]
-    if (kind == "rms" and m >= _POST_NORM_MIN_ROWS and k >= _POST_NORM_MIN_K
-            and n <= _POST_NORM_MAX_N):
+    measured = k >= _POST_NORM_MIN_K and n <= _POST_NORM_MAX_N
+    if kind == "rms" and measured and m >= _POST_NORM_MIN_ROWS:
+        return None
+    if (kind == "layer" and measured and residual is not None
+            and m >= _POST_LAYER_NORM_MIN_ROWS and n >= _POST_LAYER_NORM_MIN_N):
         return None
     return (f"the post-norm Mosaic kernel is not measured faster than a bfloat16 XLA dot + "
             f"norm on the H200 for {'RMSNorm' if kind == 'rms' else 'LayerNorm'} at "
-            f"M={m}, K={k}, N={n}: it was for RMSNorm at M >= {_POST_NORM_MIN_ROWS}, "
-            f"K >= {_POST_NORM_MIN_K}, N <= {_POST_NORM_MAX_N} (177.5 vs 189.7 us at "
-            "8192x4096x2048, 365.0 vs 376.5 at 8192x4096x4096); LayerNorm is not yet "
-            "measured widely enough (0.92-1.005x with a residual, in one call); "
+            f"M={m}, K={k}, N={n}{' with a residual' if residual is not None else ''}: it "
+            f"was for RMSNorm at M >= {_POST_NORM_MIN_ROWS}, K >= {_POST_NORM_MIN_K}, "
+            f"N <= {_POST_NORM_MAX_N} (177.2 vs 191.2 us at 8192x4096x2048, 362.6 vs 379.5 at "
+            f"8192x4096x4096) and for LayerNorm with a residual at M >= "
+            f"{_POST_LAYER_NORM_MIN_ROWS}, K >= {_POST_NORM_MIN_K}, {_POST_LAYER_NORM_MIN_N} "
+            f"<= N <= {_POST_NORM_MAX_N} (199.6 vs 218.5 us at 8192x4096x2048); "
             "impl='mosaic' forces it")
 
 
 @decline_automatic("dense_rms_norm")
-def _decline_post_rms_norm(x: Array, kernel: Array, *args, **kwargs) -> str | None:
-    return _post_norm_not_faster("rms", x, kernel)
+def _decline_post_rms_norm(x: Array, kernel: Array, bias: Array | None, scale: Array | None,
+                           residual: Array | None, **kwargs) -> str | None:
+    return _post_norm_not_faster("rms", x, kernel, residual)
 
 
 @decline_automatic("dense_layer_norm")
-def _decline_post_layer_norm(x: Array, kernel: Array, *args, **kwargs) -> str | None:
-    return _post_norm_not_faster("layer", x, kernel)
+def _decline_post_layer_norm(x: Array, kernel: Array, bias: Array | None, scale: Array | None,
+                             norm_bias: Array | None, residual: Array | None,
+                             **kwargs) -> str | None:
+    return _post_norm_not_faster("layer", x, kernel, residual)
 
 
 # Standalone norms: faster than XLA at M >= 2048 (1.04-1.26x less time), but
