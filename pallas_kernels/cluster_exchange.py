@@ -64,6 +64,11 @@ cases from 32 x 5 or 64 x 2 stages to 64 x 3 (LayerNorm with a residual at
 DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
 of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
 
+With `row_split` the parties of a CTA own disjoint row ranges (the post-norm
+GEMM's stacked warpgroups): a row then has one partial per CTA, each party
+reads only its own rows' (`collect` returns a view of them) and, through
+semaphores, waits on a counter of its own.
+
 Persistent kernels exchange once per row block (`repeated=True`). With
 "dsmem" a peer may then push round r+1 into a buffer this CTA still reads for
 round r, so each party, once done reading, arrives on every CTA's `free`

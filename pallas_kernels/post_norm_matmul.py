@@ -2,8 +2,9 @@
 
 DESIGN.md algebra 3. A norm over output rows needs whole rows, which are
 wider than one CTA's tile, so a thread-block cluster of `cluster_n` CTAs
-covers whole rows: CTA r of the cluster owns columns [r * 2 tile_n, (r + 1) *
-2 tile_n) of the same tile_m rows, each of its two MMA warpgroups one half.
+covers whole rows: CTA r of the cluster owns columns [r * cta_n, (r + 1) *
+cta_n) of the same rows, its two MMA warpgroups one column half each (or,
+with `split_rows`, one row half each, so a row has one partial per CTA).
 After the K-loop every warpgroup adds the bias (and residual), writes the
 pre-norm sum h, reduces its [tile_m, tile_n] part of h to per-row partial
 statistics, and the partials (not the tiles) are all-gathered across the
