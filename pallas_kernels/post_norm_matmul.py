@@ -292,10 +292,11 @@ def select_config(
     up to 8 x 256 columns take 128-row tiles; up to 8 x 512 columns, 64-row
     tiles with twice the width; wider rows need a bigger cluster than Hopper's
     portable 8. The "semaphore" transport groups CTAs of the grid instead of a
-    cluster: 128-row tiles for rows up to 16 x 256 columns, and as many groups
-    as there are SMs for (every CTA must be resident). The pipeline is the
-    deepest that fits next to the epilogue's shared memory (`residual` stages
-    whole tiles).
+    cluster: 128-row CTA tiles for rows up to 16 x 256 columns, and as many
+    groups as there are SMs for (every CTA must be resident); their MMA
+    warpgroups stack (64 x 256 each, `split_rows`) for RMSNorm and for LayerNorm
+    with a residual. The pipeline is the deepest that fits next to the
+    epilogue's shared memory (`residual` stages whole tiles).
     """
     split_limit = _max_split(transport)
     max_cluster = min(max_cluster or split_limit, split_limit)

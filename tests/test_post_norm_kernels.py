@@ -259,7 +259,7 @@ def test_gpu_picks_chain_row_blocks_where_every_group_gets_two(m, n, chained):
     blocks, not 33 with one holding a single block). 4096 x 1024 has one block a group."""
     config = pn.select_gpu_config(m, 4096, n, BF16, kind="rms", num_sms=132)
     assert config.chain_blocks == chained
-    blocks = m // config.tile_m
+    blocks = m // config.cta_m
     if chained:
         assert (config.tile_k, config.max_concurrent_steps) == (64, 4)
         assert blocks >= 2 * config.grid_clusters
@@ -267,6 +267,23 @@ def test_gpu_picks_chain_row_blocks_where_every_group_gets_two(m, n, chained):
         rounds = [-(-blocks // c.grid_clusters) for c in (config, unchained)]
         assert rounds[0] == rounds[1]
     pn.check_shape(m, 4096, n, config, "rms")
+
+
+@pytest.mark.parametrize("kind, residual, stacked", [
+    ("rms", False, True), ("rms", True, True), ("layer", True, True), ("layer", False, False)])
+def test_grid_groups_stack_their_warpgroups_where_measured_faster(kind, residual, stacked):
+    """On grid groups (and the interpreter's global transport) the MMA warpgroups take the
+    CTA's row halves, 64 x 256 each, where the H200 measured that faster; LayerNorm without
+    a residual (unmeasured) and DSMEM clusters keep them side by side. Either way a CTA
+    covers 128 x 256."""
+    for transport in ("semaphore", "global"):
+        config = pn.select_config(8192, 4096, 2048, BF16, kind=kind, residual=residual,
+                                  transport=transport)
+        assert config.split_rows == stacked
+        assert (config.cta_m, config.cta_n) == (128, 256)
+        assert (config.tile_m, config.tile_n) == ((64, 256) if stacked else (128, 128))
+    cluster = pn.select_config(8192, 4096, 2048, BF16, kind=kind, residual=residual)
+    assert not cluster.split_rows
 
 
 def test_shape_errors_name_the_dimension():
