@@ -702,7 +702,8 @@ def post_norm_matmul(
     if k != k2 or w.dtype != x.dtype:
         raise ValueError(f"x {x.shape} {x.dtype} and w {w.shape} {w.dtype} must share K and dtype")
     if residual is not None and (residual.shape != (m, n) or residual.dtype != x.dtype):
-        raise ValueError(f"residual must be {(m, n)} {x.dtype}; got {residual.shape} {residual.dtype}")
+        raise ValueError(f"residual must be {(m, n)} {x.dtype}; "
+                         f"got {residual.shape} {residual.dtype}")
     if kind == "rms" and norm_bias is not None:
         raise ValueError("RMSNorm takes no norm_bias")
     check_shape(m, k, n, config, kind, residual=residual is not None)

@@ -169,7 +169,8 @@ V8 = np.ones(8, np.float32)
          "norm_bias must have shape"),
         (lambda: jaxnorm.dense_rms_norm(X, W, None, np.ones(8, np.float32)),
          r"scale must have shape \(4,\)"),
-        (lambda: jaxnorm.dense_layer_norm(X, W, None, None, None, residual=np.ones((2, 5), np.float32)),
+        (lambda: jaxnorm.dense_layer_norm(X, W, None, None, None,
+                                          residual=np.ones((2, 5), np.float32)),
          "residual must have shape"),
     ],
 )

@@ -222,10 +222,9 @@ def section_rows(sec: Section) -> None:
                                      cluster_k=min(cluster_k, max_cluster() or 8), transport=tr)
                 outs.append(rn.row_norm(x, g, b if kind == "layer" else None, kind=kind,
                                         eps=1e-6, scale_offset=0.0, config=cfg, interpret=SMOKE))
-            ref32 = (rn.row_norm(x, g, b if kind == "layer" else None, kind=kind, eps=1e-6,
-                                 scale_offset=0.0, config=rn.make_config(mm, kk, BF16, block_m=block_m,
-                                                                         cluster_k=1),
-                                 interpret=SMOKE))
+            one_cta = rn.make_config(mm, kk, BF16, block_m=block_m, cluster_k=1)
+            ref32 = rn.row_norm(x, g, b if kind == "layer" else None, kind=kind, eps=1e-6,
+                                scale_offset=0.0, config=one_cta, interpret=SMOKE)
             same = all(bool(jnp.all(o == outs[0])) for o in outs)
             assert same, "dsmem and global transports disagree"
             return dict(rel_err_vs_unsplit=rel_err(outs[0], ref32))
