@@ -77,6 +77,13 @@ def _max_split(transport: Transport) -> int:
     return _MAX_GROUP if transport == "semaphore" else _MAX_CLUSTER
 
 
+def _cta_tile(tile_m: int, tile_n: int, split_rows: bool) -> tuple[int, int]:
+    """A CTA's tile: its two MMA warpgroups' tiles stacked (`split_rows`) or side by side."""
+    if split_rows:
+        return _COMPUTE_WGS * tile_m, tile_n
+    return tile_m, _COMPUTE_WGS * tile_n
+
+
 def _can_multicast(tile_m: int, cluster_n: int) -> bool:
     # Each CTA issues one share of the tile's 8-row TMA tiles; all CTAs receive it all.
     return cluster_n > 1 and (tile_m // 8) % cluster_n == 0
@@ -156,12 +163,12 @@ class PostNormConfig:
     @property
     def cta_m(self) -> int:
         """Rows of a CTA's tile (and of a row block)."""
-        return self.tile_m * (_COMPUTE_WGS if self.split_rows else 1)
+        return _cta_tile(self.tile_m, self.tile_n, self.split_rows)[0]
 
     @property
     def cta_n(self) -> int:
         """Columns of a CTA's tile."""
-        return self.tile_n * (1 if self.split_rows else _COMPUTE_WGS)
+        return _cta_tile(self.tile_m, self.tile_n, self.split_rows)[1]
 
 
 def smem_bytes(config: PostNormConfig, kind: Kind = "layer", itemsize: int = 2, *,
@@ -211,6 +218,16 @@ def check_shape(m: int, k: int, n: int, config: PostNormConfig, kind: Kind = "la
     if needed > _MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs {needed} bytes of shared memory"
                          f"{' (with a residual)' if residual else ''}")
+
+
+def row_stats_exchange(config: PostNormConfig, kind: Kind, *,
+                       gpu_fences: bool = True) -> RowStatsExchange:
+    """How the kernel under `config` exchanges its rows' partials: one per MMA warpgroup
+    that covers a row (two per CTA, or one with `split_rows`), once per row block."""
+    return RowStatsExchange(axis="n", cluster_size=config.cluster_n, parties=_COMPUTE_WGS,
+                            num_stats=num_stats(kind), rows=config.tile_m,
+                            transport=config.transport, gpu_fences=gpu_fences, repeated=True,
+                            row_split=config.split_rows)
 
 
 def max_n() -> int:
@@ -321,8 +338,7 @@ def select_config(
     stacked = transport != "dsmem" and (kind == "rms" or residual)
     tiles = [(64, 256, True)] if stacked else []
     for tile_m, tile_n, split_rows in tiles + [(tm, tn, False) for tm, tn in _TILES]:
-        cta_m = tile_m * (_COMPUTE_WGS if split_rows else 1)
-        cta_n = tile_n * (1 if split_rows else _COMPUTE_WGS)
+        cta_m, cta_n = _cta_tile(tile_m, tile_n, split_rows)
         if n % cta_n or n // cta_n > max_cluster or m % cta_m:
             continue
         cluster_n = n // cta_n
@@ -718,17 +734,7 @@ def post_norm_matmul(
         if ctas > sms:
             raise ValueError(f"transport='semaphore' needs every CTA resident: {ctas} CTAs "
                              f"> {sms} SMs (lower grid_clusters)")
-    exchange = RowStatsExchange(
-        axis="n",
-        cluster_size=config.cluster_n,
-        parties=_COMPUTE_WGS,
-        num_stats=num_stats(kind),
-        rows=config.tile_m,
-        transport=config.transport,
-        gpu_fences=not interpret,
-        repeated=True,
-        row_split=config.split_rows,
-    )
+    exchange = row_stats_exchange(config, kind, gpu_fences=not interpret)
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype)] * (2 if pre_norm_sum else 1)
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:
         out_type.append(stats)

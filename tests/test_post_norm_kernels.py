@@ -135,9 +135,7 @@ def test_eight_partials_combine_as_one_matrix(rng, kind, bias_mean):
     GPU), LayerNorm's Chan combine included (rows with mean 100)."""
     config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=4, tile_k=64,
                                max_concurrent_steps=2, transport="global", grid_clusters=1)
-    exchange = pn.RowStatsExchange(axis="n", cluster_size=4, parties=2, num_stats=1, rows=64,
-                                   transport="global", gpu_fences=False)
-    assert exchange.loads_as_matrix
+    assert pn.row_stats_exchange(config, kind, gpu_fences=False).loads_as_matrix
     _run_and_check(rng, kind, 128, 64, 512, config, residual=False, vectors=True,
                    bias_mean=bias_mean)
 
@@ -246,8 +244,7 @@ def test_partials_read_in_place_leave_residual_cases_deep_pipelines(kind):
     assert (config.tile_k, config.max_concurrent_steps) == (64, 3)
     # LayerNorm's residual goes straight to registers (measured faster); RMSNorm's is staged.
     assert config.residual_in_registers == (kind == "layer")
-    exchange = pn.RowStatsExchange(axis="n", cluster_size=16, parties=2, num_stats=3, rows=128,
-                                   transport="semaphore", gpu_fences=True, repeated=True)
+    exchange = pn.row_stats_exchange(config, kind)
     assert exchange.smem_scratch().gathered is None and exchange.gathered_in_global
 
 

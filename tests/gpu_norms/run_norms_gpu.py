@@ -297,7 +297,7 @@ def section_post(sec: Section) -> None:
                                        max_cluster=max_cluster())
                 if tr == "global":
                     cfg = dataclasses.replace(cfg, grid_clusters=None, chain_blocks=False)
-                    as_matrix = cfg.cluster_n * 2 % 8 == 0
+                    as_matrix = pn.row_stats_exchange(cfg, kind).loads_as_matrix
                 elif grid_clusters is not None:
                     cfg = dataclasses.replace(cfg, grid_clusters=grid_clusters,
                                               chain_blocks=False)
