@@ -1,7 +1,9 @@
-"""`python -m bench --suite ledger|norm-gemm|post-norm|norms|decode-step|train-step[,...]`.
+"""`python -m bench --suite ledger|model|norm-gemm|post-norm|norms|decode-step|train-step[,...]`.
 
-The ledger suite predicts (CPU, instant); the others measure on an H200 and
-write JSON, Markdown and plots into --out. Without a GPU they stop with a
+The ledger suite predicts (CPU, instant); `model` measures whole models,
+stock Flax against jaxnorm (bench/model_suite.py; `--quick` runs tiny shapes
+on any backend); the others measure single ops on an H200. All write JSON,
+Markdown and plots into --out. Without a GPU the op suites stop with a
 message and exit status 2.
 """
 
@@ -20,6 +22,7 @@ from bench import ledger, ledger_view, report, shapes
 from bench.presets import PRESETS, ModelPreset
 
 LEDGER = "ledger"
+MODEL = "model"
 GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step")
 DEFAULT_OUT = Path(__file__).parent / "results"
 
@@ -46,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--suite",
-        type=_list_of(str, (LEDGER, *GPU_SUITES)),
+        type=_list_of(str, (LEDGER, MODEL, *GPU_SUITES)),
         default=(LEDGER,),
         help="comma-separated suites (default: ledger)",
     )
@@ -68,6 +71,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     gpu.add_argument("--repeats", type=int, default=30, help="timed calls per row (median)")
     gpu.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
+    model = parser.add_argument_group("model suite")
+    model.add_argument(
+        "--model",
+        type=_list_of(str, tuple(_model_shapes())),
+        help=f"model shapes (default: all of {', '.join(_model_shapes())})",
+    )
+    model.add_argument("--rounds", type=int, default=2, help="rounds of interleaved variants")
     led = parser.add_argument_group("ledger")
     led.add_argument("--batch", type=_list_of(int), default=(1, 64), help="decode batch sizes")
     led.add_argument("--context", type=int, default=4096, help="decode context length L")
@@ -75,6 +85,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     led.add_argument("--hbm-bw", type=float, help="measured HBM bandwidth, bytes/s")
     led.add_argument("--gemm-flops", type=float, help="measured bf16 GEMM rate, FLOP/s")
     return parser.parse_args(argv)
+
+
+def _model_shapes() -> tuple[str, ...]:
+    from bench.model_suite import SHAPES  # imports JAX: only when the model suite is named
+
+    return tuple(SHAPES)
+
+
+def run_model_suite(args: argparse.Namespace, console: Console) -> None:
+    from bench import model_suite
+
+    shapes = ([model_suite.QUICK] if args.quick else
+              [model_suite.SHAPES[name] for name in args.model or model_suite.SHAPES])
+    cells = model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats,
+                            warmup=args.warmup)
+    for path in model_suite.write(cells, args.out):
+        console.print(f"wrote {path}")
 
 
 def _ledger_json(
@@ -160,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     if LEDGER in args.suite:
         run_ledger(args, console)
-    gpu_suites = [s for s in args.suite if s != LEDGER]
+    if MODEL in args.suite:
+        run_model_suite(args, console)
+    gpu_suites = [s for s in args.suite if s not in (LEDGER, MODEL)]
     if not gpu_suites:
         return 0
     from bench import suites  # imports JAX: only for the GPU suites

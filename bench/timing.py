@@ -108,6 +108,6 @@ def measure(
         kernel_samples_us=kernel,
         kernels=kernels,
         copies=len(arg_sets),
-        rotation_bytes=sum(a.nbytes for args in arg_sets for a in args),
+        rotation_bytes=sum(a.nbytes for a in jax.tree.leaves(arg_sets)),
         cupti_error=error,
     )

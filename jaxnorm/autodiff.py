@@ -14,6 +14,17 @@ the implementation directly (not the custom_vjp function), so `jax.jvp` over
 LayerNorm statistics are shifted by each row's first element exactly as in
 `jaxnorm.statistics`, so rows with |mean| >> std keep their gradient digits.
 
+Which implementation runs is resolved before autodiff sees the op. Where
+automatic dispatch (impl=None) resolves to xla, the op is the plain xla
+function and JAX differentiates it exactly as it differentiates the stock Flax
+layers: falling back costs nothing in training. Where it resolves to a kernel,
+the kernel serves the primal (inference); under differentiation the forward
+and backward are those of the xla formulation (`_stock_fwd`), because the
+kernel forward's saving (the normalized activation is never written) is
+repaid by forming it again for the weight gradient. An explicit impl ("xla",
+"mosaic", "interpret") keeps the lean backward below: per-row statistics
+saved, the rest recomputed.
+
 Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first.
 """
 
@@ -38,13 +49,20 @@ class _Static(NamedTuple):
     kind: str  # "rms" or "layer"
     eps: float
     scale_offset: float
-    impl: str | None
+    impl: str  # resolved: "xla", "mosaic" or "interpret"
+    automatic: bool  # impl=None resolved to a kernel: differentiate the xla formulation
     dtypes: Any  # the differentiable inputs' dtypes (None where absent): cotangents match them
 
 
-def _static(kind: str, eps: float, scale_offset: float, impl: str | None, *inputs) -> _Static:
+def _static(kind: str, eps: float, scale_offset: float, impl: str, automatic: bool,
+            *inputs) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
-    return _Static(kind, eps, scale_offset, impl, dtypes)
+    return _Static(kind, eps, scale_offset, impl, automatic, dtypes)
+
+
+def _stock_fwd(op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """The xla formulation's output and its JAX VJP (a pytree the backward calls)."""
+    return jax.vjp(lambda *a: dispatch.call(op, "xla", *a, **kwargs), *args)
 
 
 def _cast_like(grads: tuple, dtypes: tuple) -> tuple:
@@ -118,11 +136,18 @@ def _norm(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Arra
 
 
 def _norm_fwd(s: _Static, x, scale, bias):
+    if s.automatic:
+        args = (x, scale) if s.kind == "rms" else (x, scale, bias)
+        y, vjp = _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset)
+        return y, vjp
     stats = _row_stats(s.kind, x.astype(F32), s.eps)
     return _norm_primal(s, x, scale, bias), (x, scale, stats)
 
 
 def _norm_bwd(s: _Static, res, dy: Array):
+    if s.automatic:
+        grads = res(dy)
+        return grads if s.kind == "layer" else (*grads, None)
     x, scale, stats = res
     bias_dtype = s.dtypes[2]
     g = dy.astype(F32)
@@ -137,8 +162,12 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,
          scale_offset: float, impl: str | None) -> Array:
-    """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]."""
-    s = _static(kind, eps, scale_offset, impl, x, scale, bias)
+    """rms_norm (kind="rms", bias=None) or layer_norm; x is [M, K]."""
+    op, args = f"{kind}_norm", ((x, scale) if kind == "rms" else (x, scale, bias))
+    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+    if impl is None and chosen == "xla":
+        return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+    s = _static(kind, eps, scale_offset, chosen, impl is None, x, scale, bias)
     return _norm(s, x, scale, bias)
 
 
@@ -157,6 +186,10 @@ def _norm_dense(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array
 
 
 def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
+    if s.automatic:
+        norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+        return _stock_fwd(f"{s.kind}_norm_dense", x, *norm_args, kernels, biases, eps=s.eps,
+                          scale_offset=s.scale_offset)
     stats = _row_stats(s.kind, x.astype(F32), s.eps)
     outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases)
     return outs, (x, scale, norm_bias, kernels, stats)
@@ -168,6 +201,9 @@ def _norm_dense_bwd(s: _Static, res, dys: tuple[Array, ...]):
     G = sum_i dY_i W_i^T; dX from G * gain (see `_norm_input_grad`);
     dW_i = diag(gain) C^T (inv * dY_i) + beta colsum(dY_i); db_i = colsum(dY_i).
     """
+    if s.automatic:
+        grads = res(dys)
+        return grads if s.kind == "layer" else (grads[0], grads[1], None, *grads[2:])
     x, scale, norm_bias, kernels, stats = res
     bias_dtypes = s.dtypes[4]
     gain = _gain(scale, s.scale_offset)
@@ -196,8 +232,14 @@ _norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], *, eps: float,
                scale_offset: float, impl: str | None) -> tuple[Array, ...]:
-    """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense with a custom VJP."""
-    s = _static(kind, eps, scale_offset, impl, x, scale, norm_bias, kernels, biases)
+    """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense."""
+    op = f"{kind}_norm_dense"
+    args = (x, scale, kernels, biases) if kind == "rms" else (x, scale, norm_bias, kernels, biases)
+    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+    if impl is None and chosen == "xla":
+        return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+    s = _static(kind, eps, scale_offset, chosen, impl is None, x, scale, norm_bias, kernels,
+                biases)
     return _norm_dense(s, x, scale, norm_bias, kernels, biases)
 
 
@@ -223,7 +265,18 @@ def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
     return (y, h) if _has_residual(s) else y
 
 
+def _dense_norm_stock(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
+    """The xla formulation with _dense_norm's output structure."""
+    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    y, h = dispatch.call(f"dense_{s.kind}_norm", "xla", x, kernel, bias, *norm_args, residual,
+                         eps=s.eps, pre_norm_sum=_has_residual(s))
+    return (y, h) if _has_residual(s) else y
+
+
 def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
+    if s.automatic:
+        return jax.vjp(functools.partial(_dense_norm_stock, s), x, kernel, bias, scale,
+                       norm_bias, residual)
     y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual, pre_norm_sum=True)
     # Statistics of the h the caller sees: the backward differentiates at that point.
     saved = (x, kernel, scale, h, _row_stats(s.kind, h.astype(F32), s.eps))
@@ -233,6 +286,8 @@ def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
 def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     """H = X W + b + R; Y = Norm(H): dH from the row rule (plus H's own cotangent), then
     dX = dH W^T, dW = X^T dH, db = colsum(dH), dR = dH."""
+    if s.automatic:
+        return res(cotangents)
     x, kernel, scale, h, stats = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
     dy, dh_out = cotangents if residual_dtype is not None else (cotangents, None)
@@ -258,6 +313,14 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
                impl: str | None) -> tuple[Array, Array | None]:
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
     sum), the sum only with a residual (else None)."""
-    s = _static(kind, eps, 0.0, impl, x, kernel, bias, scale, norm_bias, residual)
+    op = f"dense_{kind}_norm"
+    norm_args = (scale,) if kind == "rms" else (scale, norm_bias)
+    args = (x, kernel, bias, *norm_args, residual)
+    chosen = dispatch.resolve(op, impl, *args, eps=eps, pre_norm_sum=residual is not None)
+    s = _static(kind, eps, 0.0, chosen, impl is None, x, kernel, bias, scale, norm_bias,
+                residual)
+    if impl is None and chosen == "xla":
+        out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
+        return out if residual is not None else (out, None)
     out = _dense_norm(s, x, kernel, bias, scale, norm_bias, residual)
     return out if residual is not None else (out, None)

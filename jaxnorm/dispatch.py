@@ -79,25 +79,38 @@ def fallback_reasons() -> dict[str, str]:
     return dict(_FALLBACKS)
 
 
-def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
-    """Run `op` with the requested implementation (None = automatic)."""
-    if impl == "xla":
-        return _REGISTRY[(op, "xla")](*args, **kwargs)
-    if impl in ("mosaic", "interpret"):
-        return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
+def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
+    """The implementation `call(op, impl, ...)` runs: "xla", "mosaic" or "interpret".
+
+    Under impl=None the kernel is chosen only on Hopper-or-newer GPUs, where no
+    decline rule objects and where tracing it for these shapes raises no
+    `Unsupported`; otherwise the reason is remembered for `fallback_reasons()`
+    and "xla" is returned. Resolving before autodiff lets the ops differentiate
+    the xla path exactly as JAX differentiates the stock layers.
+    """
+    if impl is not None:
+        return impl
     if hopper_or_newer():
         try:
             kernel = _mosaic(op)
             declined = _DECLINE_AUTO.get(op, lambda *a, **k: None)(*args, **kwargs)
             if declined:
                 raise Unsupported(declined)
-            result = kernel(*args, interpret=False, **kwargs)
+            jax.eval_shape(functools.partial(kernel, interpret=False, **kwargs), *args)
             _FALLBACKS.pop(op, None)
-            return result
+            return "mosaic"
         except Unsupported as reason:
             _FALLBACKS[op] = str(reason)
             logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
-    return _REGISTRY[(op, "xla")](*args, **kwargs)
+    return "xla"
+
+
+def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
+    """Run `op` with the requested implementation (None = automatic, see `resolve`)."""
+    impl = resolve(op, impl, *args, **kwargs)
+    if impl == "xla":
+        return _REGISTRY[(op, "xla")](*args, **kwargs)
+    return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
 
 
 def _mosaic(op: str) -> Callable[..., Any]:

@@ -2,8 +2,10 @@
 
 Every function takes 2-D activations ([M, K]; the public ops flatten leading
 dims) and tuples of kernels/biases, and returns a tuple of outputs in x.dtype.
-Statistics and accumulation are float32; a float32 dot asks for full precision
-so GPUs do not silently drop to TF32.
+Statistics are float32. The products are the ones stock Flax writes (operands
+and result in x's dtype, float32 accumulation inside the GEMM, a bias added in
+that dtype), so falling back to this path costs what the stock layers cost; a
+float32 dot asks for full precision so GPUs do not silently drop to TF32.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ def _gain(scale: Array | None, scale_offset: float) -> Array | float:
 
 def _precision(dtype: jnp.dtype) -> lax.Precision:
     return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
+def matmul(a: Array, w: Array) -> Array:
+    """a @ w as nnx.Linear computes it: result in a's dtype, no float32 copy plus a convert."""
+    return jnp.matmul(a, w.astype(a.dtype), precision=_precision(a.dtype))
+
+
+def _linear(a: Array, w: Array, b: Array | None) -> Array:
+    y = matmul(a, w)
+    return y if b is None else y + b.astype(y.dtype)
 
 
 def matmul_f32(a: Array, w: Array) -> Array:
@@ -59,15 +71,9 @@ def layer_norm(
 
 
 def _dense_outputs(
-    normed: Array, kernels: tuple[Array, ...], biases: tuple[Array | None, ...], out_dtype
+    normed: Array, kernels: tuple[Array, ...], biases: tuple[Array | None, ...]
 ) -> tuple[Array, ...]:
-    outs = []
-    for w, b in zip(kernels, biases):
-        y = matmul_f32(normed, w)
-        if b is not None:
-            y = y + b.astype(jnp.float32)
-        outs.append(y.astype(out_dtype))
-    return tuple(outs)
+    return tuple(_linear(normed, w, b) for w, b in zip(kernels, biases))
 
 
 @register("rms_norm_dense", "xla")
@@ -82,7 +88,7 @@ def rms_norm_dense(
 ) -> tuple[Array, ...]:
     """The unfused pattern users write: normalize once (in x.dtype), then one dot per kernel."""
     normed = rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
-    return _dense_outputs(normed, kernels, biases, x.dtype)
+    return _dense_outputs(normed, kernels, biases)
 
 
 @register("layer_norm_dense", "xla")
@@ -97,13 +103,12 @@ def layer_norm_dense(
     scale_offset: float,
 ) -> tuple[Array, ...]:
     normed = layer_normalized_f32(x, scale, norm_bias, eps, scale_offset).astype(x.dtype)
-    return _dense_outputs(normed, kernels, biases, x.dtype)
+    return _dense_outputs(normed, kernels, biases)
 
 
 def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array | None) -> Array:
-    h = matmul_f32(x, kernel)
-    if bias is not None:
-        h = h + bias.astype(jnp.float32)
+    """x @ W + b as the stock Linear writes it, then the residual added in float32."""
+    h = _linear(x, kernel, bias).astype(jnp.float32)
     if residual is not None:
         h = h + residual.astype(jnp.float32)
     return h
@@ -120,8 +125,8 @@ def dense_rms_norm(
     eps: float,
     pre_norm_sum: bool = True,
 ) -> tuple[Array, Array | None]:
-    """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum kept in float32
-    until the end."""
+    """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum with the
+    residual kept in float32 until the end."""
     h = _pre_norm_sum(x, kernel, bias, residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.dtypes import promote_dtype
 
-import jaxnorm
 from jaxnorm import nnx as jnnx
 from jaxnorm.models.config import ModelConfig
 
@@ -81,13 +80,9 @@ def linear(cfg: ModelConfig, in_features: int, out_features: int, *,
 
 
 def tied_logits(cfg: ModelConfig, norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:
-    """Final norm, then logits against the embedding table (never folded: it is shared)."""
-    if not cfg.fused:
-        return embed.attend(norm(x))
-    scale = None if norm.scale is None else norm.scale[...]
-    x, scale, table = promote_dtype((x, scale, embed.embedding[...]), dtype=cfg.dtype)
-    return jaxnorm.rms_norm_dense(x, scale, table.T, eps=cfg.eps, scale_offset=cfg.scale_offset,
-                                  impl=cfg.impl)
+    """Final norm, then logits against the embedding table as stored ([V, D], never a
+    transposed copy; it is shared with the input, so never folded either)."""
+    return embed.attend(norm(x))
 
 
 def rope(x: Array, positions: Array, theta: float) -> Array:

@@ -1,0 +1,383 @@
+"""`python -m bench --suite model`: the model is the truth.
+
+Real model dimensions with few layers, three phases (prefill forward, a
+training step with an optax update, a greedy decode step over a KV cache of
+4096), four variants built from the same parameters and measured interleaved
+in one process, two rounds:
+
+- stock: `jaxnorm.models.Transformer` on stock Flax layers (`fused=False`);
+- jaxnorm: the same network on jaxnorm layers, automatic dispatch (`impl=None`);
+- flashified: jaxnorm with the norm gains folded into the projections;
+- norm-free: stock with every norm replaced by the identity, the floor that
+  "free normalization" aims at (not a model anyone would run).
+
+Each cell reports CUPTI kernel time, wall time, kernels launched, time by
+kernel class, and the share of the norm-free gap jaxnorm closes,
+(stock - jaxnorm) / (stock - norm-free). `--quick` runs tiny shapes on any
+backend (CI exercises the code paths; its timings mean nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from rich.console import Console
+
+from bench import timing
+from jaxnorm import models
+
+VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
+DECODE_CACHE = 4096
+DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A public model's dimensions with few layers, and the batch shapes each phase runs."""
+
+    name: str
+    cfg: models.ModelConfig
+    prefill: tuple[int, int]  # (batch, tokens)
+    train: tuple[int, int]
+    decode_batches: tuple[int, ...] = (1, 8, 64)
+    cache: int = DECODE_CACHE
+
+
+def _cfg(**kw: Any) -> models.ModelConfig:
+    return models.ModelConfig(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, **kw)
+
+
+SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    ModelShape("llama3-8b", _cfg(vocab_size=32768, d_model=4096, n_layers=2, n_heads=32,
+                                 n_kv_heads=8, head_dim=128, d_ff=14336, rope_theta=5e5),
+               prefill=(4, 2048), train=(2, 2048)),
+    ModelShape("llama3.2-1b", _cfg(vocab_size=128256, d_model=2048, n_layers=4, n_heads=32,
+                                   n_kv_heads=8, head_dim=64, d_ff=8192, rope_theta=5e5,
+                                   tied_embeddings=True),
+               prefill=(8, 1024), train=(4, 1024)),
+    ModelShape("qwen3-0.6b", _cfg(vocab_size=151936, d_model=1024, n_layers=8, n_heads=16,
+                                  n_kv_heads=8, head_dim=128, d_ff=3072, rope_theta=1e6,
+                                  qk_norm=True, tied_embeddings=True),
+               prefill=(8, 1024), train=(4, 1024)),
+    ModelShape("qwen3-4b", _cfg(vocab_size=151936, d_model=2560, n_layers=4, n_heads=32,
+                                n_kv_heads=8, head_dim=128, d_ff=9728, rope_theta=1e6,
+                                qk_norm=True, tied_embeddings=True),
+               prefill=(4, 2048), train=(2, 2048)),
+)}
+
+QUICK = ModelShape("tiny", _cfg(vocab_size=256, d_model=128, n_layers=2, n_heads=4,
+                                n_kv_heads=2, head_dim=32, d_ff=256, qk_norm=True),
+                   prefill=(2, 16), train=(2, 16), decode_batches=(1, 2), cache=32)
+
+
+# ------------------------------------------------------------------ variants
+
+
+class Identity(nnx.Module):
+    """What a norm becomes in the norm-free limit."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x
+
+
+def _without_norms(model: nnx.Module) -> nnx.Module:
+    """`model` (stock layers) with every RMSNorm module replaced by the identity, in place."""
+    for _, module in list(model.iter_modules()):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, nnx.RMSNorm):
+                setattr(module, name, Identity())
+    return model
+
+
+def build_variants(shape: ModelShape, seed: int = 0) -> dict[str, nnx.Module]:
+    """The four variants, all holding the parameters of one stock model."""
+    stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(seed))
+    fused = models.load_params(stock, fused=True, impl=None)
+    return {
+        "stock": stock,
+        "jaxnorm": fused,
+        "flashified": models.flashify_model(fused),
+        "norm-free": _without_norms(models.load_params(stock, fused=False)),
+    }
+
+
+# ------------------------------------------------------------------ phases
+
+
+def _tokens(key: jax.Array, batch: int, length: int, vocab: int) -> jax.Array:
+    return jax.random.randint(key, (batch, length), 0, vocab, jnp.int32)
+
+
+def prefill_case(model: nnx.Module, shape: ModelShape, copies: int):
+    """(fn, arg_sets): logits of a prompt batch, no cache (prefill's forward)."""
+    graphdef, state = nnx.split(model)
+    batch, length = shape.prefill
+
+    def fn(state, tokens):
+        logits, _ = nnx.merge(graphdef, state)(tokens)
+        return logits
+
+    arg_sets = [(_copy(state), _tokens(jax.random.key(i), batch, length, shape.cfg.vocab_size))
+                for i in range(copies)]
+    return fn, arg_sets
+
+
+def train_case(model: nnx.Module, shape: ModelShape, copies: int):
+    """(fn, arg_sets): loss, gradients and an AdamW update of every parameter."""
+    import optax
+
+    graphdef, state = nnx.split(model)
+    optimizer = optax.adamw(1e-4)
+    batch, length = shape.train
+
+    def loss_fn(state, tokens):
+        logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), tokens[:, 1:]).mean()
+
+    def fn(state, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(state, tokens)
+        updates, opt_state = optimizer.update(grads, opt_state, state)
+        return loss, optax.apply_updates(state, updates), opt_state
+
+    arg_sets = []
+    for i in range(copies):
+        s = _copy(state)
+        arg_sets.append((s, optimizer.init(s),
+                         _tokens(jax.random.key(i), batch, length + 1, shape.cfg.vocab_size)))
+    return fn, arg_sets
+
+
+def decode_case(model: nnx.Module, shape: ModelShape, batch: int, copies: int):
+    """(fn, arg_sets): DECODE_STEPS greedy steps over a full cache, one lax.scan."""
+    graphdef, state = nnx.split(model)
+    cfg = shape.cfg
+    start = shape.cache - DECODE_STEPS
+
+    def fn(state, token, cache):
+        model = nnx.merge(graphdef, state)
+
+        def step(carry, _):
+            token, cache, position = carry
+            logits, cache = model(token[:, None], start=position, cache=cache)
+            nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+            return (nxt, cache, position + 1), nxt
+
+        (_, cache, _), tokens = jax.lax.scan(
+            step, (token, cache, jnp.int32(start)), length=DECODE_STEPS)
+        return tokens, cache
+
+    kv_shape = (batch, shape.cache, cfg.n_kv_heads, cfg.head_dim)
+    arg_sets = []
+    for i in range(copies):
+        keys = jax.random.split(jax.random.key(100 + i), 2 * cfg.n_layers + 1)
+        cache = tuple((jax.random.normal(keys[2 * j], kv_shape, cfg.dtype),
+                       jax.random.normal(keys[2 * j + 1], kv_shape, cfg.dtype))
+                      for j in range(cfg.n_layers))
+        token = _tokens(keys[-1], batch, 1, cfg.vocab_size)[:, 0]
+        arg_sets.append((_copy(state), token, cache))
+    return fn, arg_sets
+
+
+def _copy(tree: Any) -> Any:
+    return jax.tree.map(lambda a: jnp.array(a, copy=True), tree)
+
+
+# ------------------------------------------------------------------ kernels
+
+KERNEL_CLASSES = (
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|wgmma|dot", re.I)),
+    ("mosaic", re.compile(r"mosaic|lazy|post_norm|row_norm|plain_matmul|pallas", re.I)),
+    ("attention", re.compile(r"softmax|attention|fmha|flash", re.I)),
+    ("copy", re.compile(r"copy|memcpy|memset|transpose|dynamic_update_slice|concatenate", re.I)),
+    ("norm/reduction", re.compile(r"reduce|reduction|norm", re.I)),
+    ("elementwise", re.compile(r"fusion|loop|convert|add|mul|select|broadcast", re.I)),
+)
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def breakdown(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    """Microseconds per kernel class over one call's kernels."""
+    out: dict[str, float] = {}
+    for name, us in kernels:
+        label = kernel_class(name)
+        out[label] = out.get(label, 0.0) + us
+    return out
+
+
+# ------------------------------------------------------------------ the suite
+
+
+@dataclass
+class Cell:
+    """One (model, phase) and its variants' measurements, per round."""
+
+    model: str
+    phase: str
+    shape: str
+    per_step: int  # the timed call runs this many steps (decode); times are divided by it
+    rounds: list[dict[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+
+def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int) -> dict:
+    t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
+    kernels = [(name, us / per_step) for name, us in t.kernels]
+    return {
+        "wall_us": t.wall_us / per_step,
+        "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
+        "kernels": len(t.kernels) / per_step,
+        "by_class_us": breakdown(kernels),
+        "top_kernels": sorted(kernels, key=lambda kv: -kv[1])[:12],
+        "cupti_error": t.cupti_error,
+    }
+
+
+def _cases(shape: ModelShape, variants: dict[str, nnx.Module], copies: int):
+    """(phase label, shape text, per-step count, {variant: (fn, arg_sets)}) per cell."""
+    yield ("prefill", "x".join(map(str, shape.prefill)), 1,
+           {v: prefill_case(m, shape, copies) for v, m in variants.items()})
+    yield ("train", "x".join(map(str, shape.train)), 1,
+           {v: train_case(m, shape, copies) for v, m in variants.items()})
+    for batch in shape.decode_batches:
+        yield (f"decode B={batch}", f"B={batch}, cache {shape.cache}", DECODE_STEPS,
+               {v: decode_case(m, shape, batch, copies) for v, m in variants.items()})
+
+
+def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
+        copies: int = 2, console: Console | None = None) -> list[Cell]:
+    """Measure every cell: variants interleaved within a round, `rounds` rounds."""
+    console = console or Console(stderr=True)
+    cells = []
+    for shape in shapes:
+        variants = build_variants(shape)
+        for phase, text, per_step, cases in _cases(shape, variants, copies):
+            cell = Cell(shape.name, phase, text, per_step)
+            for r in range(rounds):
+                results = {}
+                for variant, (fn, arg_sets) in cases.items():
+                    console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
+                    results[variant] = _measure(fn, arg_sets, repeats, warmup, per_step)
+                cell.rounds.append(results)
+            cells.append(cell)
+            console.print(summary_line(cell))
+            del cases
+    return cells
+
+
+def gap_closed(stock: float, candidate: float, limit: float) -> float | None:
+    """(stock - candidate) / (stock - limit): 1 is the norm-free limit, 0 is stock, < 0 worse."""
+    gap = stock - limit
+    return None if gap <= 0 else (stock - candidate) / gap
+
+
+def _metric(cell: Cell, r: int, variant: str, metric: str) -> float:
+    value = cell.rounds[r][variant][metric]
+    return float("nan") if value is None else value
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def summary_line(cell: Cell) -> str:
+    parts = []
+    for metric in ("kernel_us", "wall_us"):
+        ratios = [_ratio(_metric(cell, r, "jaxnorm", metric), _metric(cell, r, "stock", metric))
+                  for r in range(len(cell.rounds))]
+        parts.append(f"{metric[:-3]} jaxnorm/stock " + ", ".join(f"{x:.3f}" for x in ratios))
+    return f"{cell.model} {cell.phase}: " + "; ".join(parts)
+
+
+def to_json(cells: list[Cell]) -> dict:
+    return {"cells": [dataclasses.asdict(c) for c in cells], "variants": VARIANTS,
+            "decode_steps_per_call": DECODE_STEPS, "jax": jax.__version__,
+            "devices": [d.device_kind for d in jax.devices()]}
+
+
+def to_markdown(cells: list[Cell]) -> str:
+    """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap."""
+    lines = [
+        "| model | phase | shape | metric | stock | jaxnorm | flashified | norm-free | "
+        "jaxnorm/stock (rounds) | gap closed (rounds) |",
+        "|---|---|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for cell in cells:
+        n = len(cell.rounds)
+        for metric, unit in (("kernel_us", "kernel us"), ("wall_us", "wall us"),
+                             ("kernels", "kernels")):
+            med = {v: statistics.median(_metric(cell, r, v, metric) for r in range(n))
+                   for v in VARIANTS}
+            ratios = ", ".join(
+                f"{_ratio(_metric(cell, r, 'jaxnorm', metric), _metric(cell, r, 'stock', metric)):.3f}"
+                for r in range(n))
+            gaps = []
+            for r in range(n):
+                g = gap_closed(*(_metric(cell, r, v, metric) for v in
+                                 ("stock", "jaxnorm", "norm-free")))
+                gaps.append("n/a" if g is None or np.isnan(g) else f"{100 * g:.0f}%")
+            fmt = (lambda x: f"{x:.1f}") if metric != "kernels" else (lambda x: f"{x:.0f}")
+            lines.append(
+                f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
+                + " | ".join(fmt(med[v]) for v in VARIANTS)
+                + f" | {ratios} | {', '.join(gaps) if metric != 'kernels' else ''} |")
+    lines += ["", "Time by kernel class, round 1 (us per step):", "",
+              "| model | phase | variant | " + " | ".join(c for c, _ in KERNEL_CLASSES)
+              + " | other |", "|---|---|---|" + "---:|" * (len(KERNEL_CLASSES) + 1)]
+    for cell in cells:
+        for v in VARIANTS:
+            by = cell.rounds[0][v]["by_class_us"]
+            lines.append(f"| {cell.model} | {cell.phase} | {v} | " + " | ".join(
+                f"{by.get(c, 0.0):.1f}" for c, _ in (*KERNEL_CLASSES, ("other", None))) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(cells: list[Cell], path: Path) -> None:
+    """Each variant's kernel time relative to stock per cell (bars), 1.0 = stock."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c.model}\n{c.phase}" for c in cells]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cells)), 4.5))
+    width = 0.8 / (len(VARIANTS) - 1)
+    for i, v in enumerate(VARIANTS[1:]):
+        ys = [statistics.median(_ratio(_metric(c, r, v, "kernel_us"),
+                                       _metric(c, r, "stock", "kernel_us"))
+                                for r in range(len(c.rounds))) for c in cells]
+        ax.bar(np.arange(len(cells)) + (i - 1) * width, ys, width, label=v)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(cells)), labels, fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel("CUPTI kernel time / stock Flax's")
+    ax.set_ylim(0.7, 1.2)
+    ax.set_title("Model suite: below the line is faster than stock; norm-free is the floor")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(cells: list[Cell], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "model-suite.json", out / "model-suite.md", out / "model-suite.png"]
+    paths[0].write_text(json.dumps(to_json(cells), indent=1))
+    paths[1].write_text(to_markdown(cells))
+    plot(cells, paths[2])
+    return paths
