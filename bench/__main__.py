@@ -98,10 +98,9 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
 
     shapes = ([model_suite.QUICK] if args.quick else
               [model_suite.SHAPES[name] for name in args.model or model_suite.SHAPES])
-    cells = model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats,
-                            warmup=args.warmup)
-    for path in model_suite.write(cells, args.out):
-        console.print(f"wrote {path}")
+    model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
+                    out=args.out)
+    console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 
 def _ledger_json(

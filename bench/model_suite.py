@@ -261,8 +261,12 @@ def _cases(shape: ModelShape, variants: dict[str, nnx.Module], copies: int):
 
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
-        copies: int = 2, console: Console | None = None) -> list[Cell]:
-    """Measure every cell: variants interleaved within a round, `rounds` rounds."""
+        copies: int = 2, out: Path | None = None, console: Console | None = None) -> list[Cell]:
+    """Measure every cell: variants interleaved within a round, `rounds` rounds.
+
+    With `out`, the results so far are rewritten after every cell, so a run cut
+    short keeps what it measured.
+    """
     console = console or Console(stderr=True)
     cells = []
     for shape in shapes:
@@ -277,6 +281,8 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                 cell.rounds.append(results)
             cells.append(cell)
             console.print(summary_line(cell))
+            if out is not None:
+                write(cells, out)
             del cases
     return cells
 

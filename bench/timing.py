@@ -8,6 +8,7 @@ gigabytes each. Medians over repeats, after warm-up.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -63,6 +64,17 @@ def _wall_samples(fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
     return samples
 
 
+@functools.lru_cache(maxsize=64)
+def _run_all(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One jitted call of fn over every copy; cached so repeated measures of fn compile once."""
+    return jax.jit(lambda sets: [fn(*args) for args in sets])
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return jax.jit(fn)
+
+
 def _cupti(
     fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
 ) -> tuple[list[float], list[tuple[str, float]], str | None]:
@@ -71,7 +83,7 @@ def _cupti(
         from jax.experimental.mosaic.gpu import profiler
     except ImportError as err:
         return [], [], f"profiler unavailable: {err}"
-    run_all = jax.jit(lambda sets: [fn(*args) for args in sets])
+    run_all = _run_all(fn)
     outputs = jax.tree.leaves(jax.eval_shape(run_all, list(arg_sets)))
     out_bytes = sum(o.size * o.dtype.itemsize for o in outputs)
     # At least 2: measure returns one flat list, not a list per iteration, for 1.
@@ -95,7 +107,7 @@ def measure(
     fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3
 ) -> Timing:
     """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs)."""
-    jitted = jax.jit(fn)
+    jitted = _jitted(fn)
     for args in arg_sets:  # compile, and touch every copy once
         jax.block_until_ready(jitted(*args))
     _wall_samples(jitted, arg_sets, warmup)

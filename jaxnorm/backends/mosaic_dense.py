@@ -79,18 +79,29 @@ def layer_norm_dense(
         raise Unsupported(str(reason)) from None
 
 
-def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
-    """Where bench/results/h200-2026-11-29 measured the kernel slower than XLA, say so.
+# Where the lazy-norm kernel is not used automatically, from H200 measurements
+# (CUPTI kernel time, bf16, against the stock norm then one dot per weight):
+# - M <= 16, and M <= 512 with N <= 10240 in total: 1.06-1.97x the stock time
+#   (bench/results/h200-2026-11-29, decode);
+# - N > 8192 in total: the GEMM dominates and the kernel's mainloop runs
+#   1.04-1.09x cuBLAS, more than the norm's saving: 8192x2048x(8192+8192) took
+#   738 us against 695 us, while 8192x2048x(2048+512+512) took 155 against 192
+#   and 8192x1024x(3072+3072) 154 against 209 (bench/results/h200-2026-12-01-model,
+#   training-ops.json).
+_MAX_TOTAL_N = 8192
 
-    CUPTI kernel time, bf16, against XLA's norm + dot: at M <= 16 the kernel
-    took 1.06-1.97x XLA's time (it streams weights at 1.4-3.4 TB/s against
-    XLA's 3.2-4.0), and at M <= 512 with N <= 10240 in total 1.18-1.97x. Elsewhere
-    it was within 0.85-1.05x (one outlier at 1.18x, 16384x4096x28672).
-    """
+
+def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
+    """The reason the kernel stays out at this shape under impl=None, or None."""
     m, total_n = x.shape[0], sum(w.shape[1] for w in kernels)
     if m <= 16 or (m <= 512 and total_n <= 10240):
-        return (f"at M={m}, N={total_n} the lazy-norm kernel measured 1.06-1.97x XLA's time on "
-                "the H200 (decode-sized GEMMs are not tuned yet); impl='mosaic' forces it")
+        return (f"at M={m}, N={total_n} the lazy-norm kernel measured 1.06-1.97x the stock "
+                "norm + dot on the H200 (decode-sized GEMMs are not tuned yet); "
+                "impl='mosaic' forces it")
+    if total_n > _MAX_TOTAL_N:
+        return (f"N={total_n} in total > {_MAX_TOTAL_N}: the GEMM dominates and the kernel's "
+                "mainloop (1.04-1.09x cuBLAS) loses more than the norm saves; "
+                "impl='mosaic' forces it")
     return None
 
 

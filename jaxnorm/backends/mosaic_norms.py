@@ -229,15 +229,24 @@ def _decline_post_layer_norm(x: Array, kernel: Array, bias: Array | None, scale:
     return _post_norm_not_faster("layer", x, kernel, residual)
 
 
-# Standalone norms: faster than XLA at M >= 2048 (1.04-1.26x less time), but
-# 1.56-1.85x XLA's time at M = 16, where one launch of a few microseconds is
-# all there is.
+# Standalone norms: faster than XLA alone at M >= 2048 (1.04-1.26x less time),
+# but 1.56-1.85x XLA's time at M = 16, where one launch of a few microseconds is
+# all there is. Rows narrower than 1024 are per-head norms (QK-norm) whose
+# consumer XLA fuses with the norm: 8192x16x128 then a RoPE-like rotation took
+# 33.6 us with the kernel against 29.3 us in XLA (H200,
+# bench/results/h200-2026-12-01-model, training-ops.json).
 _FEW_ROWS = 64
+_NARROW_ROW = 1024
 
 
 @decline_automatic("rms_norm", "layer_norm")
 def _decline_few_rows(x: Array, *args, **kwargs) -> str | None:
-    if x.shape[0] <= _FEW_ROWS:
-        return (f"M={x.shape[0]} rows: the norm kernel measured 1.56-1.85x XLA's time at M=16 "
+    m, k = x.shape
+    if m <= _FEW_ROWS:
+        return (f"M={m} rows: the norm kernel measured 1.56-1.85x XLA's time at M=16 "
                 "on the H200; impl='mosaic' forces it")
+    if k < _NARROW_ROW:
+        return (f"K={k} < {_NARROW_ROW}: XLA fuses a narrow norm (QK-norm) into its "
+                "consumer, which the kernel measured slower than (1.15x); "
+                "impl='mosaic' forces it")
     return None
