@@ -222,6 +222,14 @@ def breakdown(kernels: list[tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+def _top(kernels: list[tuple[str, float]], n: int) -> list[tuple[str, float]]:
+    """The n kernel names with the most time per step, each name's launches summed."""
+    totals: dict[str, float] = {}
+    for name, us in kernels:
+        totals[name] = totals.get(name, 0.0) + us
+    return sorted(totals.items(), key=lambda kv: -kv[1])[:n]
+
+
 # ------------------------------------------------------------------ the suite
 
 
@@ -242,22 +250,21 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
     return {
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
-        "kernels": len(t.kernels) / per_step,
+        "kernels": len(t.kernels) / t.copies / per_step,
         "by_class_us": breakdown(kernels),
-        "top_kernels": sorted(kernels, key=lambda kv: -kv[1])[:12],
+        "top_kernels": _top(kernels, 16),
         "cupti_error": t.cupti_error,
     }
 
 
-def _cases(shape: ModelShape, variants: dict[str, nnx.Module], copies: int):
-    """(phase label, shape text, per-step count, {variant: (fn, arg_sets)}) per cell."""
+def _cases(shape: ModelShape, copies: int):
+    """(phase label, shape text, per-step count, case(model) -> (fn, arg_sets)) per cell."""
     yield ("prefill", "x".join(map(str, shape.prefill)), 1,
-           {v: prefill_case(m, shape, copies) for v, m in variants.items()})
-    yield ("train", "x".join(map(str, shape.train)), 1,
-           {v: train_case(m, shape, copies) for v, m in variants.items()})
+           lambda m: prefill_case(m, shape, copies))
+    yield ("train", "x".join(map(str, shape.train)), 1, lambda m: train_case(m, shape, copies))
     for batch in shape.decode_batches:
         yield (f"decode B={batch}", f"B={batch}, cache {shape.cache}", DECODE_STEPS,
-               {v: decode_case(m, shape, batch, copies) for v, m in variants.items()})
+               lambda m, batch=batch: decode_case(m, shape, batch, copies))
 
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
@@ -271,19 +278,24 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     cells = []
     for shape in shapes:
         variants = build_variants(shape)
-        for phase, text, per_step, cases in _cases(shape, variants, copies):
+        for phase, text, per_step, case in _cases(shape, copies):
             cell = Cell(shape.name, phase, text, per_step)
+            # One function per variant and cell (compiled once), inputs built per measurement
+            # so that only one variant's copies are alive at a time.
+            fns = {v: case(m)[0] for v, m in variants.items()}
             for r in range(rounds):
                 results = {}
-                for variant, (fn, arg_sets) in cases.items():
+                for variant, model in variants.items():
                     console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
-                    results[variant] = _measure(fn, arg_sets, repeats, warmup, per_step)
+                    _, arg_sets = case(model)
+                    results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
+                                                per_step)
+                    del arg_sets
                 cell.rounds.append(results)
             cells.append(cell)
             console.print(summary_line(cell))
             if out is not None:
                 write(cells, out)
-            del cases
     return cells
 
 

@@ -43,7 +43,9 @@ class Timing:
     wall_samples_us: list[float]
     kernel_samples_us: list[float]
     kernels: list[tuple[str, float]] = field(default_factory=list)
-    """(name, us) of every kernel one call launched (CUPTI), in launch order."""
+    """(name, us / copies) of every kernel one iteration over all copies launched (CUPTI),
+    in launch order: summed, one call's kernel time (XLA may interleave the copies'
+    kernels, so no slice of the list is one copy's)."""
     copies: int = 1
     rotation_bytes: int = 0
     cupti_error: str | None = None
@@ -98,8 +100,7 @@ def _cupti(
         return [], [], "CUPTI recorded no kernels"
     copies = len(arg_sets)
     samples = [sum(ms for _, ms in it) * 1e3 / copies for it in per_iteration]
-    per_call = len(per_iteration[0]) // copies
-    kernels = [(name, ms * 1e3) for name, ms in per_iteration[0][:per_call]]
+    kernels = [(name, ms * 1e3 / copies) for name, ms in per_iteration[0]]
     return samples, kernels, None
 
 
