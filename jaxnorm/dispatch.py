@@ -3,7 +3,8 @@
 Each backend registers one function per op. A backend that cannot serve a
 call raises `Unsupported(reason)`; with `impl=None` the dispatcher then falls
 through to "xla" and remembers the reason, so `fallback_reasons()` tells the
-user why the kernel did not run. With `impl="mosaic"` the reason is raised.
+user why the kernel did not run (on a machine without a Hopper GPU, that the
+device cannot run it). With `impl="mosaic"` the reason is raised.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ _MOSAIC_MODULES = ("jaxnorm.backends.mosaic_dense", "jaxnorm.backends.mosaic_nor
 
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
-_FALLBACKS: dict[str, str] = {}
+# Per op: (implementation, why xla) of its last impl=None call.
+_CHOICES: dict[str, tuple[str, str | None]] = {}
 
 
 class Unsupported(NotImplementedError):
@@ -65,18 +67,41 @@ def _load_mosaic_backends() -> None:
 
 
 @functools.cache
-def hopper_or_newer() -> bool:
-    """True when the default device is an NVIDIA GPU of compute capability >= 9.0."""
+def device_unsupported_reason() -> str | None:
+    """Why the default device cannot run the Mosaic GPU kernels, or None when it can."""
     device = jax.devices()[0]
     if device.platform != "gpu":
-        return False
+        kind = "" if device.device_kind == device.platform else f" ({device.device_kind})"
+        return (f"the default device is {device.platform}{kind}; the Mosaic kernels need an "
+                "NVIDIA GPU of compute capability >= 9.0 (Hopper)")
     capability = getattr(device, "compute_capability", "0.0")
-    return float(capability) >= 9.0
+    if float(capability) < 9.0:
+        return (f"the default GPU ({device.device_kind}) has compute capability {capability}; "
+                "the Mosaic kernels need >= 9.0 (Hopper)")
+    return None
+
+
+def hopper_or_newer() -> bool:
+    """True when the default device is an NVIDIA GPU of compute capability >= 9.0."""
+    return device_unsupported_reason() is None
 
 
 def fallback_reasons() -> dict[str, str]:
-    """Why each op last fell back from the Mosaic kernel to xla under impl=None."""
-    return dict(_FALLBACKS)
+    """Why each op's last automatic (impl=None) dispatch ran xla instead of the Mosaic kernel.
+
+    Dispatch happens when JAX traces the op, so under `jax.jit` this is the
+    decision of the last trace. An op whose last automatic call ran the kernel
+    is absent, as is one only ever called with an explicit `impl`.
+    """
+    return {op: reason for op, (impl, reason) in _CHOICES.items() if impl == "xla"}
+
+
+def last_automatic_choice(op: str) -> tuple[str, str | None] | None:
+    """(implementation, why xla or None) of `op`'s last impl=None call; None before any.
+
+    `jax.eval_shape` of an op with impl=None makes this decision without computing.
+    """
+    return _CHOICES.get(op)
 
 
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -92,12 +117,19 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
             if declined:
                 raise Unsupported(declined)
             result = kernel(*args, interpret=False, **kwargs)
-            _FALLBACKS.pop(op, None)
+            _CHOICES[op] = ("mosaic", None)
             return result
         except Unsupported as reason:
-            _FALLBACKS[op] = str(reason)
-            logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
+            _fell_back(op, str(reason))
+    else:
+        _fell_back(op, device_unsupported_reason() or "no Hopper GPU")
     return _REGISTRY[(op, "xla")](*args, **kwargs)
+
+
+def _fell_back(op: str, reason: str) -> None:
+    if _CHOICES.get(op) != ("xla", reason):
+        logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
+    _CHOICES[op] = ("xla", reason)
 
 
 def _mosaic(op: str) -> Callable[..., Any]:
