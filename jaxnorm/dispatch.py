@@ -41,7 +41,9 @@ def register(op: str, impl: str) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
-def decline_automatic(*ops: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
+def decline_automatic(
+    *ops: str,
+) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
     """Register a check of `ops` run only under impl=None: a reason string keeps the kernel out.
 
     For shapes a kernel serves correctly but was measured slower than xla at;
