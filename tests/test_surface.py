@@ -273,3 +273,35 @@ def test_make_test_progress_names_each_file(tmp_path):
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300).stdout
     assert re.search(r"^test_one\.py: 2 passed in [\d.]+ s \[gw\d\]$", out, re.M), out
     assert re.search(r"^test_two\.py: 1 skipped in [\d.]+ s \[gw\d\]$", out, re.M), out
+
+
+# ------------------------------------------------------------------ docs/guide.md
+
+
+def test_guide_snippets_run():
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
+    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    assert len(blocks) >= 5
+    namespace: dict = {}
+    exec(compile("\n".join(blocks), str(guide), "exec"), namespace)
+    assert [a.shape[-1] for a in (namespace["q"], namespace["k"])] == [64, 64]
+    assert namespace["y_dot"].shape == (4, 64)
+
+
+def test_forward_mode_raises_and_the_transposed_vjp_is_the_jvp():
+    """The guide's claims: jax.jvp fails on every op; the transpose of the VJP is the JVP,
+    checked against verify's float64 VJP through <J t, c> = <t, J^T c>."""
+    from verify import gradients
+
+    x, w, t = _rows(4, 32, seed=7), _rows(32, 8, seed=8), _rows(4, 32, seed=9)
+    c = _rows(4, 8, seed=10)
+    f = lambda a: jaxnorm.rms_norm_dense(a, None, w, impl="xla")  # noqa: E731
+    with pytest.raises(TypeError, match="forward-mode autodiff"):
+        jax.jvp(f, (x,), (t,))
+    y, pullback = jax.vjp(f, x)
+    (y_dot,) = jax.linear_transpose(lambda ct: pullback(ct)[0], y)(jnp.asarray(t))
+    dx64 = gradients.norm_dense_vjp("rms", x, None, None, w, None, c, eps=1e-6)["x"]
+    lhs, rhs = float(np.sum(np.asarray(y_dot, np.float64) * c)), float(np.sum(t * dx64))
+    assert abs(lhs - rhs) <= 1e-5 * (np.sum(np.abs(t * dx64)) + 1.0), (lhs, rhs)
