@@ -8,20 +8,12 @@ import pytest
 from flax import linen as nn
 
 import jaxnorm.linen as jlinen
-from judge_layers import assert_grads_match, assert_outputs_match
+from judge_layers import assert_grads_match, assert_outputs_match, gain_init, shift_init
 
 EPS = 1e-5
 K = 48
 # Not in sorted order: outputs must follow the mapping's order, not the scope names'.
 FEATURES = {"up": 40, "gate": 24, "v": 16}
-
-
-def _gain_init(key, shape, dtype):
-    return (1 + 0.3 * jax.random.normal(key, shape)).astype(dtype)
-
-
-def _shift_init(key, shape, dtype):
-    return (0.5 * jax.random.normal(key, shape)).astype(dtype)
 
 
 class StockProjections(nn.Module):
@@ -34,19 +26,19 @@ class StockProjections(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kw = dict(epsilon=EPS, dtype=self.dtype, scale_init=_gain_init, name="norm")
+        kw = dict(epsilon=EPS, dtype=self.dtype, scale_init=gain_init, name="norm")
         norm = (nn.RMSNorm(**kw) if self.kind == "rms"
-                else nn.LayerNorm(bias_init=_shift_init, **kw))
+                else nn.LayerNorm(bias_init=shift_init, **kw))
         h = norm(x)
         return tuple(nn.Dense(n, use_bias=self.use_bias, dtype=self.dtype,
-                              bias_init=_shift_init, name=name)(h)
+                              bias_init=shift_init, name=name)(h)
                      for name, n in self.features.items())
 
 
 def _fused(kind, features=FEATURES, **kw):
-    kw = dict(epsilon=EPS, scale_init=_gain_init, bias_init=_shift_init, **kw)
+    kw = dict(epsilon=EPS, scale_init=gain_init, bias_init=shift_init, **kw)
     if kind == "layer":
-        return jlinen.LayerNormProjections(features, norm_bias_init=_shift_init, **kw)
+        return jlinen.LayerNormProjections(features, norm_bias_init=shift_init, **kw)
     return jlinen.RMSNormProjections(features, **kw)
 
 
@@ -110,8 +102,8 @@ def test_stock_values_load_with_one_mapping():
     class AutoNamed(nn.Module):
         @nn.compact
         def __call__(self, x):
-            h = nn.RMSNorm(epsilon=EPS, scale_init=_gain_init)(x)
-            return nn.Dense(32)(h), nn.Dense(8, bias_init=_shift_init)(h)
+            h = nn.RMSNorm(epsilon=EPS, scale_init=gain_init)(x)
+            return nn.Dense(32)(h), nn.Dense(8, bias_init=shift_init)(h)
 
     x = jnp.asarray(np.random.default_rng(3).standard_normal((5, K)), jnp.float32)
     stock = AutoNamed().init(jax.random.key(4), x)["params"]
