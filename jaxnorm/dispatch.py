@@ -76,7 +76,10 @@ def device_unsupported_reason() -> str | None:
         kind = "" if device.device_kind == device.platform else f" ({device.device_kind})"
         return (f"the default device is {device.platform}{kind}; the Mosaic kernels need an "
                 "NVIDIA GPU of compute capability >= 9.0 (Hopper)")
-    capability = getattr(device, "compute_capability", "0.0")
+    capability = getattr(device, "compute_capability", None)
+    if capability is None:
+        return (f"the default GPU ({device.device_kind}) reports no compute capability; the "
+                "Mosaic kernels need an NVIDIA GPU of compute capability >= 9.0 (Hopper)")
     if float(capability) < 9.0:
         return (f"the default GPU ({device.device_kind}) has compute capability {capability}; "
                 "the Mosaic kernels need >= 9.0 (Hopper)")

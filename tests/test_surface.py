@@ -163,6 +163,7 @@ def test_doctor_reports_what_dispatch_decides(monkeypatch):
     }
     for op, run in calls.items():
         impl, reason = doctor.automatic_choice(op, shape, jnp.bfloat16)
+        monkeypatch.setattr(dispatch, "_CHOICES", {})  # the real call records afresh
         run()
         assert (impl, reason) == dispatch.last_automatic_choice(op)
         assert impl == "xla" and "measured" in reason, (op, reason)  # 16 rows: declined
