@@ -21,15 +21,20 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # HYPOTHESIS_PROFILE: ci (few examples, the default here), dev, thorough (tests/conftest.py).
+# tests/file_progress.py prints a line per test file as it finishes (xdist prints only dots).
 test: setup
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q -n 2 --dist loadfile
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONPATH=tests$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(PY) -m pytest -q -n 2 --dist loadfile -p file_progress
 
+# The verifier's report for the xla path (python -m verify -h for the kernels' paths).
 verify: setup
 	$(PY) -m verify --impl xla --examples 25
 
 demo: setup
 	$(PY) examples/demo.py
 
+# The ledger suite: predicted bytes, FLOPs and roofline time per model preset (CPU, instant).
+# The measured suites need an H200: python -m bench --suite norm-gemm,... (python -m bench -h).
 bench: setup
 	$(PY) -m bench
 

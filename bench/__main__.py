@@ -51,9 +51,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--suite",
         type=_list_of(str, (LEDGER, MODEL, *GPU_SUITES)),
         default=(LEDGER,),
-        help="comma-separated suites (default: ledger)",
+        help="comma-separated suites: ledger (CPU, predicted traffic and time), model (whole "
+        "models, stock Flax vs jaxnorm; --quick runs anywhere) or GPU suites "
+        f"{', '.join(GPU_SUITES)} (measured on an H200) (default: ledger)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="results directory (default: a directory outside the tracked tree; "
+                             "pass bench/results/<name> to publish)")
     gpu = parser.add_argument_group("GPU suites")
     gpu.add_argument("--quick", action="store_true", help="a small subset of each suite's shapes")
     gpu.add_argument("--m", type=_list_of(int), help="only these M (rows), e.g. 16,8192")
@@ -62,15 +66,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_list_of(str),
         help='only these "KxN" (N = total width, e.g. 4096x28672), or "K" for norms',
     )
-    gpu.add_argument("--impl", type=_list_of(str), help="only these implementations")
-    gpu.add_argument("--norm", type=_list_of(str, ("rms", "layer")), help="rms and/or layer")
+    gpu.add_argument("--impl", type=_list_of(str),
+                     help="only these implementations, e.g. xla,jaxnorm (bench/impls.py lists "
+                          "them; default: all that serve the suite)")
+    gpu.add_argument("--norm", type=_list_of(str, ("rms", "layer")),
+                     help="only these norms: rms and/or layer (default: both)")
     gpu.add_argument(
         "--preset",
         type=_list_of(str, tuple(PRESETS)),
         help="presets for decode-step (default: all but tiny) and ledger (default: all)",
     )
-    gpu.add_argument("--repeats", type=int, default=30, help="timed calls per row (median)")
-    gpu.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
+    gpu.add_argument("--repeats", type=int, default=30,
+                     help="timed calls per row; the median is reported (default: 30)")
+    gpu.add_argument("--warmup", type=int, default=3,
+                     help="untimed calls after compiling (default: 3)")
     model = parser.add_argument_group("model suite")
     model.add_argument(
         "--model",
@@ -79,11 +88,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     model.add_argument("--rounds", type=int, default=2, help="rounds of interleaved variants")
     led = parser.add_argument_group("ledger")
-    led.add_argument("--batch", type=_list_of(int), default=(1, 64), help="decode batch sizes")
-    led.add_argument("--context", type=int, default=4096, help="decode context length L")
-    led.add_argument("--prefill-m", type=int, default=8192, help="prefill tokens M")
-    led.add_argument("--hbm-bw", type=float, help="measured HBM bandwidth, bytes/s")
-    led.add_argument("--gemm-flops", type=float, help="measured bf16 GEMM rate, FLOP/s")
+    led.add_argument("--batch", type=_list_of(int), default=(1, 64),
+                     help="decode batch sizes (default: 1,64)")
+    led.add_argument("--context", type=int, default=4096,
+                     help="decode context length L, tokens (default: 4096)")
+    led.add_argument("--prefill-m", type=int, default=8192, help="prefill tokens M (default: 8192)")
+    led.add_argument("--hbm-bw", type=float,
+                     help="HBM bandwidth in bytes/s the roofline divides by (default: the "
+                          "H200 figure in bench/ledger.py's Ceilings)")
+    led.add_argument("--gemm-flops", type=float,
+                     help="bf16 GEMM rate in FLOP/s the roofline divides by (default: the "
+                          "H200 figure in bench/ledger.py's Ceilings)")
     return parser.parse_args(argv)
 
 

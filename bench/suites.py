@@ -259,13 +259,14 @@ def write_suite(
         f"{ceilings.gemm_flops_per_s / 1e12:.1f} TFLOP/s ({ceilings.source})",
         "- times are medians; kernel = CUPTI kernel time, wall = per call incl. launch;"
         " % roofline = ledger bound / kernel time (wall where CUPTI failed)",
-        f"- plots: {suite}-roofline.png" + (f", {suite}-hidden.png" if hidden else ""),
+        f"- {suite}-roofline.png: {report.ROOFLINE_CAPTION}",
+        *([f"- {suite}-hidden.png: {report.HIDDEN_CAPTION}"] if hidden else []),
     ]
     report.write_markdown(written[1], f"bench: {suite}", preamble, tables)
     report.plot_roofline(rows, ceilings, written[2])
     if hidden:
         written.append(out / f"{suite}-hidden.png")
-        report.plot_hidden(hidden, written[-1])
+        report.plot_hidden(rows, written[-1])
     return written
 
 

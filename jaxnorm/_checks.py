@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("xla", "mosaic", "interpret")
@@ -20,7 +21,16 @@ def _describe(a: jax.typing.ArrayLike) -> str:
     return f"shape {tuple(jnp.shape(a))} dtype {_dtype(a)}"
 
 
+def check_array(name: str, a: object) -> None:
+    """An array or a number; a list or another container is refused by name, not converted."""
+    if not (hasattr(a, "dtype") and hasattr(a, "shape")) and not isinstance(
+            a, (int, float, complex)):
+        raise TypeError(f"{name} must be an array (jax.Array or numpy.ndarray); got "
+                        f"{type(a).__name__}: convert it with jnp.asarray first")
+
+
 def check_float(name: str, a: jax.typing.ArrayLike) -> None:
+    check_array(name, a)
     dtype = _dtype(a)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"{name} must be a floating-point array; got {_describe(a)}")
@@ -49,11 +59,34 @@ def check_vector(name: str, v: jax.typing.ArrayLike | None, length: int) -> None
         raise ValueError(f"{name} must have shape ({length},); got {_describe(v)}")
 
 
-def check_eps(eps: float) -> None:
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise ValueError(f"eps must be a Python float; got {type(eps).__name__}")
-    if not eps >= 0:  # also rejects NaN
-        raise ValueError(f"eps must be >= 0; got {eps}")
+def _real_scalar(name: str, value: object) -> float:
+    """A concrete real scalar (Python, numpy or JAX 0-d) as a Python float."""
+    dtype = getattr(value, "dtype", None)
+    real_dtype = dtype is not None and (jnp.issubdtype(dtype, jnp.floating)
+                                        or jnp.issubdtype(dtype, jnp.integer))
+    if isinstance(value, (bool, np.bool_)) or not (
+            isinstance(value, (int, float)) or (real_dtype and jnp.ndim(value) == 0)):
+        shape = f" of shape {tuple(jnp.shape(value))}" if dtype is not None else ""
+        raise TypeError(f"{name} must be a real scalar (Python, numpy or JAX 0-d number); "
+                        f"got {type(value).__name__}{shape}")
+    try:
+        return float(value)
+    except jax.errors.ConcretizationTypeError:
+        raise TypeError(
+            f"{name} must be concrete, not a traced value: it sets compile-time constants and "
+            f"the backward pass; pass a Python float, close over it, or mark it static "
+            f"(jax.jit(..., static_argnames='{name}'))") from None
+
+
+def check_scalars(eps: object, scale_offset: object) -> tuple[float, float]:
+    """(eps, scale_offset) as Python floats; eps >= 0, scale_offset finite."""
+    eps_value = _real_scalar("eps", eps)
+    if not eps_value >= 0:  # also rejects NaN
+        raise ValueError(f"eps must be >= 0; got {eps_value}")
+    offset = _real_scalar("scale_offset", scale_offset)
+    if not np.isfinite(offset):
+        raise ValueError(f"scale_offset must be finite; got {offset}")
+    return eps_value, offset
 
 
 def check_impl(impl: str | None) -> None:

@@ -3,7 +3,8 @@
 Each backend registers one function per op. A backend that cannot serve a
 call raises `Unsupported(reason)`; with `impl=None` the dispatcher then falls
 through to "xla" and remembers the reason, so `fallback_reasons()` tells the
-user why the kernel did not run. With `impl="mosaic"` the reason is raised.
+user why the kernel did not run (on a machine without a Hopper GPU, that the
+device cannot run it). With `impl="mosaic"` the reason is raised.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ _MOSAIC_MODULES = ("jaxnorm.backends.mosaic_dense", "jaxnorm.backends.mosaic_nor
 
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
-_FALLBACKS: dict[str, str] = {}
+# Per op: (implementation, why xla) of its last impl=None call.
+_CHOICES: dict[str, tuple[str, str | None]] = {}
 
 
 class Unsupported(NotImplementedError):
@@ -39,7 +41,9 @@ def register(op: str, impl: str) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
-def decline_automatic(*ops: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
+def decline_automatic(
+    *ops: str,
+) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
     """Register a check of `ops` run only under impl=None: a reason string keeps the kernel out.
 
     For shapes a kernel serves correctly but was measured slower than xla at;
@@ -65,18 +69,44 @@ def _load_mosaic_backends() -> None:
 
 
 @functools.cache
-def hopper_or_newer() -> bool:
-    """True when the default device is an NVIDIA GPU of compute capability >= 9.0."""
+def device_unsupported_reason() -> str | None:
+    """Why the default device cannot run the Mosaic GPU kernels, or None when it can."""
     device = jax.devices()[0]
     if device.platform != "gpu":
-        return False
-    capability = getattr(device, "compute_capability", "0.0")
-    return float(capability) >= 9.0
+        kind = "" if device.device_kind == device.platform else f" ({device.device_kind})"
+        return (f"the default device is {device.platform}{kind}; the Mosaic kernels need an "
+                "NVIDIA GPU of compute capability >= 9.0 (Hopper)")
+    capability = getattr(device, "compute_capability", None)
+    if capability is None:
+        return (f"the default GPU ({device.device_kind}) reports no compute capability; the "
+                "Mosaic kernels need an NVIDIA GPU of compute capability >= 9.0 (Hopper)")
+    if float(capability) < 9.0:
+        return (f"the default GPU ({device.device_kind}) has compute capability {capability}; "
+                "the Mosaic kernels need >= 9.0 (Hopper)")
+    return None
+
+
+def hopper_or_newer() -> bool:
+    """True when the default device is an NVIDIA GPU of compute capability >= 9.0."""
+    return device_unsupported_reason() is None
 
 
 def fallback_reasons() -> dict[str, str]:
-    """Why each op last fell back from the Mosaic kernel to xla under impl=None."""
-    return dict(_FALLBACKS)
+    """Why each op's last automatic (impl=None) dispatch ran xla instead of the Mosaic kernel.
+
+    Dispatch happens when JAX traces the op, so under `jax.jit` this is the
+    decision of the last trace. An op whose last automatic call ran the kernel
+    is absent, as is one only ever called with an explicit `impl`.
+    """
+    return {op: reason for op, (impl, reason) in _CHOICES.items() if impl == "xla"}
+
+
+def last_automatic_choice(op: str) -> tuple[str, str | None] | None:
+    """(implementation, why xla or None) of `op`'s last impl=None call; None before any.
+
+    `jax.eval_shape` of an op with impl=None makes this decision without computing.
+    """
+    return _CHOICES.get(op)
 
 
 def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
@@ -84,25 +114,26 @@ def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
 
     Under impl=None the kernel is chosen only on Hopper-or-newer GPUs, where no
     decline rule objects and where tracing it for these shapes raises no
-    `Unsupported`; otherwise the reason is remembered for `fallback_reasons()`
-    and "xla" is returned. Resolving before autodiff lets the ops differentiate
-    the xla path exactly as JAX differentiates the stock layers.
+    `Unsupported`; otherwise the reason is recorded for `fallback_reasons()`.
+    Resolving before autodiff lets the ops differentiate the xla path exactly
+    as JAX differentiates the stock layers (`jaxnorm.autodiff`).
     """
     if impl is not None:
         return impl
-    if hopper_or_newer():
-        try:
-            kernel = _mosaic(op)
-            declined = _DECLINE_AUTO.get(op, lambda *a, **k: None)(*args, **kwargs)
-            if declined:
-                raise Unsupported(declined)
-            jax.eval_shape(functools.partial(kernel, interpret=False, **kwargs), *args)
-            _FALLBACKS.pop(op, None)
-            return "mosaic"
-        except Unsupported as reason:
-            _FALLBACKS[op] = str(reason)
-            logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
-    return "xla"
+    if not hopper_or_newer():
+        _fell_back(op, device_unsupported_reason() or "no Hopper GPU")
+        return "xla"
+    try:
+        kernel = _mosaic(op)
+        declined = _DECLINE_AUTO.get(op, lambda *a, **k: None)(*args, **kwargs)
+        if declined:
+            raise Unsupported(declined)
+        jax.eval_shape(functools.partial(kernel, interpret=False, **kwargs), *args)
+    except Unsupported as reason:
+        _fell_back(op, str(reason))
+        return "xla"
+    _CHOICES[op] = ("mosaic", None)
+    return "mosaic"
 
 
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -111,6 +142,12 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     if impl == "xla":
         return _REGISTRY[(op, "xla")](*args, **kwargs)
     return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
+
+
+def _fell_back(op: str, reason: str) -> None:
+    if _CHOICES.get(op) != ("xla", reason):
+        logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
+    _CHOICES[op] = ("xla", reason)
 
 
 def _mosaic(op: str) -> Callable[..., Any]:

@@ -1,7 +1,9 @@
 """Flax Linen layers: RMSNorm/LayerNorm fused into the Dense layer they feed (pre-norm),
 or follow (post-norm: `DenseRMSNorm`, `DenseLayerNorm`, with an optional residual).
 
-`RMSNormDense(features)` replaces `nn.RMSNorm()` followed by `nn.Dense(features)`.
+`RMSNormDense(features)` replaces `nn.RMSNorm()` followed by `nn.Dense(features)`;
+`RMSNormProjections({"q": ..., "k": ..., "v": ...})` one norm followed by one
+`nn.Dense` per name (children `norm` and one scope per name).
 Its parameters sit in two child scopes with the stock names, shapes,
 initializers and dtypes, `norm` ({scale} or {scale, bias}) and `dense`
 ({kernel, bias}), as if the stock pair had been created with
@@ -17,6 +19,7 @@ statistics are float32. `scale_offset=1.0` is Gemma's (1 + scale) gain.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import jax
@@ -86,20 +89,33 @@ class _NormDense(nn.Module):
         """(use_bias, bias_init) of the norm; only LayerNorm has a bias."""
         return False, nn.initializers.zeros_init()
 
+    def _projections(self) -> dict[str, int]:
+        """Child scope name -> output features of each projection the norm feeds."""
+        return {"dense": self.features}
+
+    def _result(self, outputs: tuple[Array, ...]) -> Array | tuple[Array, ...]:
+        return outputs[0]
+
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array) -> Array | tuple[Array, ...]:
         k = jnp.shape(x)[-1]
         scale, norm_bias = _NormParams(self.use_scale, *self._norm_bias(), self.scale_init,
                                        self.param_dtype, name="norm")(k)
-        kernel, bias = _DenseParams(self.features, self.use_bias, self.kernel_init,
-                                    self.bias_init, self.param_dtype, name="dense")(k)
-        dtype = canonicalize_dtype(x, scale, norm_bias, kernel, bias, dtype=self.dtype)
-        x, kernel = jnp.asarray(x, dtype), jnp.asarray(kernel, dtype)
-        bias = None if bias is None else jnp.asarray(bias, dtype)
+        params = [_DenseParams(features, self.use_bias, self.kernel_init, self.bias_init,
+                               self.param_dtype, name=name)(k)
+                  for name, features in self._projections().items()]
+        kernels = [kernel for kernel, _ in params]
+        biases = [bias for _, bias in params]
+        dtype = canonicalize_dtype(x, scale, norm_bias, *kernels, *biases, dtype=self.dtype)
+        x = jnp.asarray(x, dtype)
+        kernels = [jnp.asarray(kernel, dtype) for kernel in kernels]
+        biases = None if not self.use_bias else [jnp.asarray(b, dtype) for b in biases]
         common = dict(eps=self.epsilon, scale_offset=self.scale_offset, impl=self.impl)
         if self.kind == "rms":
-            return ops.rms_norm_dense(x, scale, kernel, bias, **common)
-        return ops.layer_norm_dense(x, scale, norm_bias, kernel, bias, **common)
+            outputs = ops.rms_norm_dense(x, scale, kernels, biases, **common)
+        else:
+            outputs = ops.layer_norm_dense(x, scale, norm_bias, kernels, biases, **common)
+        return self._result(outputs)
 
 
 class RMSNormDense(_NormDense):
@@ -125,6 +141,60 @@ class LayerNormDense(_NormDense):
     >>> layer = LayerNormDense(128)
     >>> params = layer.init(jax.random.key(0), jnp.ones((2, 64)))
     >>> y = layer.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "layer"
+    use_norm_bias: bool = True
+    norm_bias_init: Initializer = nn.initializers.zeros_init()
+
+    def _norm_bias(self) -> tuple[bool, Initializer]:
+        return self.use_norm_bias, self.norm_bias_init
+
+
+class _NormProjections(_NormDense):
+    """One norm feeding several named nn.Dense projections (q/k/v, gate/up)."""
+
+    features: Mapping[str, int]  # type: ignore[assignment]  # name -> output features
+
+    def _projections(self) -> dict[str, int]:
+        names = dict(self.features)
+        if not names:
+            raise ValueError("features must name at least one projection")
+        for name in names:
+            if name == "norm" or not name.isidentifier():
+                raise ValueError(f"projection name {name!r} must be an identifier other than "
+                                 "'norm' (the norm's scope)")
+        return names
+
+    def _result(self, outputs: tuple[Array, ...]) -> tuple[Array, ...]:
+        return outputs
+
+
+class RMSNormProjections(_NormProjections):
+    """One RMSNorm feeding several named projections: one statistics pass for all of them.
+
+    Parameters: `norm/scale` and, per name, `<name>/kernel`, `<name>/bias`, as
+    an nn.RMSNorm named "norm" and one nn.Dense per name would create them, so
+    stock values load as `{"norm": stock_norm, "q": stock_q, ...}`. Returns a
+    tuple in the order of `features`. The NNX twin is `jaxnorm.nnx.RMSNormProjections`.
+
+    >>> qkv = RMSNormProjections({"q": 64, "k": 16, "v": 16}, use_bias=False)
+    >>> params = qkv.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> q, k, v = qkv.apply(params, jnp.ones((2, 64)))
+    """
+
+    kind = "rms"
+
+
+class LayerNormProjections(_NormProjections):
+    """One LayerNorm feeding several named projections; see `RMSNormProjections`.
+
+    Parameters: `norm/scale`, `norm/bias`, and per name `<name>/kernel`, `<name>/bias`;
+    `use_norm_bias` / `norm_bias_init` are the LayerNorm's `use_bias` / `bias_init`.
+
+    >>> qkv = LayerNormProjections({"q": 64, "k": 16, "v": 16})
+    >>> params = qkv.init(jax.random.key(0), jnp.ones((2, 64)))
+    >>> q, k, v = qkv.apply(params, jnp.ones((2, 64)))
     """
 
     kind = "layer"

@@ -29,9 +29,8 @@ def _array(v: ArrayLike | None) -> jax.Array | None:
     return None if v is None else jnp.asarray(v)
 
 
-def _common(x: ArrayLike, eps: float, impl: str | None) -> tuple[jax.Array, int]:
+def _common(x: ArrayLike, impl: str | None) -> tuple[jax.Array, int]:
     k = _checks.check_activation("x", x)
-    _checks.check_eps(eps)
     _checks.check_impl(impl)
     return jnp.asarray(x), k
 
@@ -48,7 +47,8 @@ def rms_norm(
 
     >>> y = rms_norm(jnp.ones((2, 8)), jnp.ones(8))
     """
-    x, k = _common(x, eps, impl)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
+    x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     x2, lead = _flatten(x)
     y = autodiff.norm(
@@ -67,7 +67,8 @@ def layer_norm(
     impl: str | None = None,
 ) -> jax.Array:
     """LayerNorm over the last axis: (x - mean) * rsqrt(var + eps) * (scale + offset) + bias."""
-    x, k = _common(x, eps, impl)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
+    x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     _checks.check_vector("bias", bias, k)
     x2, lead = _flatten(x)
@@ -100,7 +101,8 @@ def rms_norm_dense(
     `bias` a matching sequence (or None). `scale=None` means the gain is already
     folded into the kernels (see `jaxnorm.fold`).
     """
-    x, k = _common(x, eps, impl)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
+    x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
@@ -124,7 +126,8 @@ def layer_norm_dense(
     impl: str | None = None,
 ) -> jax.Array | tuple[jax.Array, ...]:
     """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels as in `rms_norm_dense`."""
-    x, k = _common(x, eps, impl)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
+    x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     _checks.check_vector("norm_bias", norm_bias, k)
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
@@ -188,7 +191,7 @@ def dense_rms_norm(
     residual stream without being recomputed. `scale_offset=1.0` is Gemma's
     (1 + scale) gain.
     """
-    _checks.check_eps(eps)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)
@@ -211,7 +214,7 @@ def dense_layer_norm(
     impl: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Post-norm LayerNorm(x @ kernel + bias [+ residual]); see `dense_rms_norm`."""
-    _checks.check_eps(eps)
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from verify import gradients
 from verify import references as ref
 from verify import tolerances as tol
 from verify.references import f64
+
+
+def gain_init(key, shape, dtype):
+    """A norm gain near 1 that is not 1, so a dropped or misplaced gain shows."""
+    return (1 + 0.3 * jax.random.normal(key, shape)).astype(dtype)
+
+
+def shift_init(key, shape, dtype):
+    """A bias of order 0.5, so a dropped bias shows."""
+    return (0.5 * jax.random.normal(key, shape)).astype(dtype)
 
 
 def _normed(kind: str, x, scale, norm_bias, eps: float, scale_offset: float) -> np.ndarray:

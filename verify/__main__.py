@@ -2,9 +2,16 @@
 
     python -m verify [--impl xla|interpret|mosaic] [--examples N] [--seed S] [--ops ...]
 
-Exits 1 if any property fails. Each row: hypothesis examples run, the worst
-error / tolerance seen (<= 1 passes) and the verdict; a failing row prints the
-shrunk counterexample below the table.
+Exits 1 if any property fails. Each row: hypothesis examples run, examples a
+kernel declined ("unsupported", with the reasons below the table), the worst
+error / tolerance seen and the verdict; a failing row prints the shrunk
+counterexample below the table.
+
+"worst err/tol" is the largest |output - float64 reference| / tolerance over
+every element of every example in the row; the tolerance is verify's error
+model for that element (verify/tolerances.py: rounding of the inputs, the
+float32 statistics and accumulation, the output dtype), so <= 1 passes and
+a value near 1 is an error as large as the model allows, not a near-failure.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ from hypothesis import HealthCheck, given, seed, settings
 import jaxnorm
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 from verify import checks, identities, strategies
+
+
+LEGEND = ("worst err/tol: the largest |output - float64 reference| / tolerance (verify's "
+          "error model) over the row's\nexamples, <= 1 passes; identity rows: float64 "
+          "relative error / 1e-9")
 
 
 @dataclass
@@ -124,6 +136,7 @@ def _print_table(rows: list[Row], impl: str) -> None:
         verdict = "FAIL" if r.failure else ("pass" if r.examples else "NOT RUN")
         print(f"{r.what:<34} {r.dtype:<9} {r.examples:>8} {r.unsupported:>11} "
               f"{r.worst:>14.3g} {r.seconds:>6.1f}s  {verdict}")
+    print(f"{LEGEND}\n")
     for r in rows:
         if r.failure:
             print(f"\nFAIL {r.what} [{r.dtype}]:\n{r.failure}")
@@ -132,14 +145,24 @@ def _print_table(rows: list[Row], impl: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.split("\n")[0])
-    parser.add_argument("--impl", default="xla", choices=["xla", "interpret", "mosaic"])
-    parser.add_argument("--examples", type=int, default=25, help="hypothesis examples per row")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ops", nargs="+", default=list(checks.OPS), choices=checks.OPS)
+    parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--impl", default="xla", choices=["xla", "interpret", "mosaic"],
+                        help="implementation to judge: xla (pure JAX, any device), interpret "
+                             "(the Mosaic kernels under the Pallas GPU interpreter, CPU) or "
+                             "mosaic (the kernels on a Hopper GPU) (default: xla)")
+    parser.add_argument("--examples", type=int, default=25,
+                        help="hypothesis examples per row (default: 25)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="hypothesis seed; the same seed draws the same inputs (default: 0)")
+    parser.add_argument("--ops", nargs="+", default=list(checks.OPS), choices=checks.OPS,
+                        metavar="OP",
+                        help=f"ops to check (default: all of {', '.join(checks.OPS)})")
     parser.add_argument("--max-k", type=int, default=8192,
                         help="largest hidden size drawn (interpret mode is slow: use 256)")
-    parser.add_argument("--no-identities", action="store_true")
+    parser.add_argument("--no-identities", action="store_true",
+                        help="skip the float64 algebraic identities (verify/identities.py) and "
+                             "check only the ops")
     args = parser.parse_args(argv)
     if args.impl == "interpret":
         use_interpreter_safe_xla_flags()
