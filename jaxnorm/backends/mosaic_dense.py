@@ -86,7 +86,7 @@ def layer_norm_dense(
 # - N > 8192 in total: the GEMM dominates and the kernel's mainloop runs
 #   1.04-1.09x cuBLAS, more than the norm's saving: 8192x2048x(8192+8192) took
 #   738 us against 695 us, while 8192x2048x(2048+512+512) took 155 against 192
-#   and 8192x1024x(3072+3072) 154 against 209 (bench/results/h200-2026-12-01-model,
+#   and 8192x1024x(3072+3072) 154 against 209 (bench/results/2026-12-01-model,
 #   training-ops.json).
 _MAX_TOTAL_N = 8192
 

@@ -234,7 +234,7 @@ def _decline_post_layer_norm(x: Array, kernel: Array, bias: Array | None, scale:
 # all there is. Rows narrower than 1024 are per-head norms (QK-norm) whose
 # consumer XLA fuses with the norm: 8192x16x128 then a RoPE-like rotation took
 # 33.6 us with the kernel against 29.3 us in XLA (H200,
-# bench/results/h200-2026-12-01-model, training-ops.json).
+# bench/results/2026-12-01-model, training-ops.json).
 _FEW_ROWS = 64
 _NARROW_ROW = 1024
 
