@@ -3,6 +3,10 @@
 The ledger suite predicts (CPU, instant); the others measure on an H200 and
 write JSON, Markdown and plots into --out. Without a GPU they stop with a
 message and exit status 2.
+
+--out defaults to bench-out/ in the working directory (ignored by git), so a
+run never overwrites the published record; `--out bench/results/<name>`
+publishes one (see bench/results/README.md for what a published folder holds).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from bench.presets import PRESETS, ModelPreset
 
 LEDGER = "ledger"
 GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step")
-DEFAULT_OUT = Path(__file__).parent / "results"
+DEFAULT_OUT = Path("bench-out")
 
 T = TypeVar("T")
 
@@ -50,7 +54,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=(LEDGER,),
         help="comma-separated suites (default: ledger)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"results directory (default: {DEFAULT_OUT}/, untracked; "
+        "--out bench/results/<name> to publish)",
+    )
     gpu = parser.add_argument_group("GPU suites")
     gpu.add_argument("--quick", action="store_true", help="a small subset of each suite's shapes")
     gpu.add_argument("--m", type=_list_of(int), help="only these M (rows), e.g. 16,8192")
