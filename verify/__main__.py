@@ -81,6 +81,8 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
         run("centering", lambda r: identities.centering(arrays(r, 3, 9), arrays(r, 9, 4))),
         run("variance from moments", lambda r: identities.variance_from_moments(arrays(r, 3, 9))),
         run("chunked statistics", lambda r: identities.chunked_statistics(arrays(r, 3, 50), 4)),
+        run("shifted statistics", lambda r: identities.shifted_statistics(
+            arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8, "first")),
         run("deferred scale", lambda r: identities.deferred_scale(
             arrays(r, 3, 40), arrays(r, 40, 6), 1e-6, 16)),
         run("norm cancellation", lambda r: identities.norm_cancellation(
