@@ -80,13 +80,15 @@ ZERO = Cost(0, 0)
 class Ceilings:
     """Measured machine limits the roofline divides by.
 
-    The defaults are single-run XLA numbers from notes/h200-baselines.md and
-    stand in until a benchmark run measures both in the same process.
+    The defaults are single-run XLA numbers of an H200 session from before this
+    repository (not recorded in it) and stand in until a benchmark run measures
+    both in the same process (the 2026-11-29 runs measured 3.36 TB/s and
+    821 TFLOP/s: bench/results/2026-11-29-norm-gemm).
     """
 
     hbm_bytes_per_s: float = 3.17e12
     gemm_flops_per_s: float = 680e12
-    source: str = "defaults from notes/h200-baselines.md; replace with measurements"
+    source: str = "defaults from an earlier H200 session's XLA runs; replace with measurements"
 
     def seconds(self, cost: Cost, bytes_per_number: int = BF16_BYTES) -> float:
         """Roofline time of one kernel doing `cost`."""
