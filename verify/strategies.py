@@ -28,7 +28,7 @@ def _large_mean_ratio(dtype: np.dtype) -> float:
 
 
 def rows(rng: np.random.Generator, m: int, k: int, dtype: np.dtype, kind: str) -> np.ndarray:
-    """m rows of length k of the given kind; row 0 is always ordinary so no draw is all-degenerate."""
+    """m rows of length k of the given kind; row 0 is ordinary so no draw is all-degenerate."""
     x = rng.standard_normal((m, k))
     special = rng.random(m) < 0.5
     special[0] = False
