@@ -74,23 +74,30 @@ def shifted_partials(part: np.ndarray, shift: str) -> tuple[np.ndarray, ...]:
     return np.full(s.shape, part.shape[-1], part.dtype), s, md, m2
 
 
-def combine_shifted(partials: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, np.ndarray]:
+def combine_shifted(partials: list[tuple[np.ndarray, ...]],
+                    reference: str = "first") -> tuple[np.ndarray, np.ndarray]:
     """Chan's combine of shifted partials into the row's (mean, variance).
 
-    Relative to the first part's shift s_0, part c has mean a_c = (s_c - s_0) + md_c;
+    Relative to a reference shift s_0 (the first part's, or the mean of the parts'
+    shifts where the kernel loads partials as a matrix), part c has mean
+    a_c = (s_c - s_0) + md_c;
     the row's shifted mean is mu = sum_c n_c a_c / K and
     M2 = sum_c M2_c + sum_c n_c (a_c - mu)^2. Only differences of nearby values
     are formed, so rows with |mean| >> std keep their digits in float32.
     """
+    if reference not in ("first", "mean"):
+        raise ValueError(f"reference must be 'first' or 'mean'; got {reference!r}")
     counts, shifts, means_d, m2s = (np.stack(column) for column in zip(*partials))
-    a = (shifts - shifts[0]) + means_d
+    s0 = shifts[0] if reference == "first" else np.mean(shifts, axis=0)
+    a = (shifts - s0) + means_d
     k = np.sum(counts, axis=0)
     mu = np.sum(counts * a, axis=0) / k
     m2 = np.sum(m2s, axis=0) + np.sum(counts * (a - mu) ** 2, axis=0)
-    return shifts[0] + mu, m2 / k
+    return s0 + mu, m2 / k
 
 
-def shifted_statistics(x: np.ndarray, chunks: int, shift: str = "first") -> float:
+def shifted_statistics(x: np.ndarray, chunks: int, shift: str = "first",
+                       reference: str = "first") -> float:
     """3'. Chan-combined per-tile (count, shift, shifted mean, M2) = whole-row mean, variance.
 
     What the kernels exchange for LayerNorm when a row spans CTAs or warpgroups
@@ -98,7 +105,7 @@ def shifted_statistics(x: np.ndarray, chunks: int, shift: str = "first") -> floa
     are compared separately: a large mean must not hide a variance error.
     """
     partials = [shifted_partials(p, shift) for p in np.array_split(x, chunks, axis=-1)]
-    mean, var = combine_shifted(partials)
+    mean, var = combine_shifted(partials, reference)
     x64 = x.astype(np.float64)
     return max(_rel(mean.astype(np.float64), np.mean(x64, -1)),
                _rel(var.astype(np.float64), np.var(x64, -1)))
