@@ -1,7 +1,7 @@
-"""Judging a fused layer against the stock norm + dense pair with verify's error model.
+"""Judging a fused layer against the stock norm + dense pair it replaces (the layer tests).
 
 Both are computed in the same dtype from the same values; each errs from the
-float64 truth by at most the verify tolerance, so they may differ by twice it.
+float64 truth by at most verify's tolerance, so they may differ by twice it.
 """
 
 from __future__ import annotations
