@@ -5,6 +5,10 @@ stock Flax against jaxnorm (bench/model_suite.py; `--quick` runs tiny shapes
 on any backend); the others measure single ops on an H200. All write JSON,
 Markdown and plots into --out. Without a GPU the op suites stop with a
 message and exit status 2.
+
+--out defaults to bench-out/ in the working directory (ignored by git), so a
+run never overwrites the published record; `--out bench/results/<name>`
+publishes one (see bench/results/README.md for what a published folder holds).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from bench.presets import PRESETS, ModelPreset
 LEDGER = "ledger"
 MODEL = "model"
 GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step")
-DEFAULT_OUT = Path(__file__).parent / "results"
+DEFAULT_OUT = Path("bench-out")
 
 T = TypeVar("T")
 
@@ -55,9 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "models, stock Flax vs jaxnorm; --quick runs anywhere) or GPU suites "
         f"{', '.join(GPU_SUITES)} (measured on an H200) (default: ledger)",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="results directory (default: a directory outside the tracked tree; "
-                             "pass bench/results/<name> to publish)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"results directory (default: {DEFAULT_OUT}/, untracked; "
+        "--out bench/results/<name> to publish)",
+    )
     gpu = parser.add_argument_group("GPU suites")
     gpu.add_argument("--quick", action="store_true", help="a small subset of each suite's shapes")
     gpu.add_argument("--m", type=_list_of(int), help="only these M (rows), e.g. 16,8192")

@@ -8,7 +8,7 @@ plugs in with one `@register(op, name)` builder.
 - "xla": the separate norm and the dot(s) in jax.numpy, as users write them.
 - "jaxnorm": the jaxnorm public API with impl="mosaic".
 - "plain-gemm": our Mosaic GEMM without a norm (the floor the fused kernel is
-  held to: DESIGN.md section 6).
+  held to: docs/design.md section 5).
 - "xla-dot": XLA's dot alone (the floor XLA itself would reach).
 """
 

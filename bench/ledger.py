@@ -22,7 +22,7 @@ checks each on cases small enough to count by hand):
   the roofline; kernel counts are reported beside it.
 - *Unfused*: every norm is its own kernel, reading x and writing the
   normalized x, which the next GEMM reads again. *Fused*: the norm rides a
-  GEMM (DESIGN.md section 1): pre-norm statistics accumulate while x streams
+  GEMM (docs/design.md section 1): pre-norm statistics accumulate while x streams
   through the GEMM's K-loop, the gain is folded into the weights offline and
   1/rms scales the output in the epilogue; post-norms and QK-norm run in the
   producing GEMM's epilogue, statistics exchanged on chip. The normalized
@@ -80,13 +80,15 @@ ZERO = Cost(0, 0)
 class Ceilings:
     """Measured machine limits the roofline divides by.
 
-    The defaults are single-run XLA numbers from notes/h200-baselines.md and
-    stand in until a benchmark run measures both in the same process.
+    The defaults are single-run XLA numbers of an H200 session from before this
+    repository (not recorded in it) and stand in until a benchmark run measures
+    both in the same process (the 2026-11-29 runs measured 3.36 TB/s and
+    821 TFLOP/s: bench/results/2026-11-29-norm-gemm).
     """
 
     hbm_bytes_per_s: float = 3.17e12
     gemm_flops_per_s: float = 680e12
-    source: str = "defaults from notes/h200-baselines.md; replace with measurements"
+    source: str = "defaults from an earlier H200 session's XLA runs; replace with measurements"
 
     def seconds(self, cost: Cost, bytes_per_number: int = BF16_BYTES) -> float:
         """Roofline time of one kernel doing `cost`."""
@@ -140,7 +142,7 @@ def layer_norm(
 
 
 def lazy_rms_norm(rows: int, k: int, n_out: int, *, gain_in_kernel: bool = False) -> Cost:
-    """RMSNorm riding a GEMM of width n_out (DESIGN identity 1); x is read by the GEMM.
+    """RMSNorm riding a GEMM of width n_out (docs/design.md identity 1); x is read by the GEMM.
 
     Per row: statistics n squares, n - 1 adds, 1 fused, 1 rsqrt (2k + 1), then
     the epilogue scales the n_out outputs (n_out multiplies). Inference folds
@@ -156,7 +158,7 @@ def lazy_rms_norm(rows: int, k: int, n_out: int, *, gain_in_kernel: bool = False
 
 
 def lazy_layer_norm(rows: int, k: int, n_out: int) -> Cost:
-    """LayerNorm riding a GEMM (DESIGN identity 2), gain folded into the weights.
+    """LayerNorm riding a GEMM (docs/design.md identity 2), gain folded into the weights.
 
     Per row: sum (k - 1 adds), sum of squares (k multiplies, k - 1 adds), then
     mean, mean square (1 multiply each), variance (multiply, subtract), + eps,
@@ -170,7 +172,7 @@ def epilogue_rms_norm(rows: int, n: int, *, scale_offset: float = 0.0) -> Cost:
     """RMSNorm of a GEMM's own output rows, in its epilogue (post-norm, QK-norm).
 
     Same arithmetic as the separate kernel; only the gain is read from HBM
-    (partial sums cross CTAs through on-chip memory, DESIGN identity 3).
+    (partial sums cross CTAs through on-chip memory, docs/design.md identity 3).
     """
     separate = rms_norm(rows, n, gain=True, scale_offset=scale_offset)
     return Cost(separate.flops, n)

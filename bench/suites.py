@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import ledger, report, shapes, timing
+from bench import ledger, report, shapes, timing, tiny_model
 from bench.cases import Case
 from bench.ceilings import measure_ceilings
 from bench.impls import REGISTRY, Impl
@@ -155,13 +155,9 @@ def _timed(row: dict[str, Any], t: timing.Timing, ceilings: ledger.Ceilings) -> 
 
 
 def _model_rows(suite: str, o: Options, ceilings: ledger.Ceilings) -> list[dict[str, Any]]:
-    """A tiny model's training step, stock Flax vs jaxnorm layers, once jaxnorm.models exists.
-
-    Needs `jaxnorm.models.tiny_train_step(variant) -> (step_fn, args)` for
-    variant "stock" and "jaxnorm"; until then the rows say what is missing.
-    """
+    """A tiny model's training step (`bench.tiny_model`), stock Flax vs jaxnorm layers."""
     rows = []
-    for variant in ("stock", "jaxnorm"):
+    for variant in tiny_model.VARIANTS:
         row: dict[str, Any] = {
             "suite": suite,
             "op": "model_train",
@@ -173,11 +169,9 @@ def _model_rows(suite: str, o: Options, ceilings: ledger.Ceilings) -> list[dict[
             "error": "",
         }
         try:
-            from jaxnorm import models
-
-            step, args = models.tiny_train_step(variant)
+            step, args = tiny_model.tiny_train_step(variant)
             rows.append(_timed(row, timing.measure(step, [args], repeats=o.repeats), ceilings))
-        except Exception as err:  # a missing module or entry point is a row, not a crash
+        except Exception as err:  # a failing variant is a row, not a crash
             row["status"], row["error"] = _failure(err)
             rows.append(row)
     return rows

@@ -14,7 +14,7 @@ What is not a group is left as it is, which is exactly what must not fold:
 a tied LM head (its "kernel" is the input embedding, also used unnormalized)
 and QK-norm gains (the norm's statistics are taken on the projection's output,
 so its gain cannot move into that weight; and RoPE between the norm and
-q k^T stops DESIGN algebra 6 from merging the q and k gains into one diagonal
+q k^T stops docs/design.md identity 6 from merging the q and k gains into one diagonal
 unless they agree on every rotated pair).
 
     folded = flashify(nnx.to_pure_dict(nnx.state(model, nnx.Param)))

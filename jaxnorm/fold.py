@@ -94,6 +94,3 @@ def fold_layer_norm(
         norm_bias = jnp.zeros((kernel.shape[0],), jnp.float32)
     return FoldedLayerNorm(folded, fold_norm_bias(norm_bias, kernel, bias), column_sums(folded))
 
-
-# Whole-tree folding lives in its own module; re-exported so users find it here.
-from jaxnorm.flashify import Flashified, flashify, unflashify  # noqa: E402, F401

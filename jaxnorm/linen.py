@@ -133,7 +133,7 @@ class RMSNormDense(_NormDense):
 
 
 class LayerNormDense(_NormDense):
-    """nn.LayerNorm followed by nn.Dense, fused (DESIGN algebra 2).
+    """nn.LayerNorm followed by nn.Dense, fused (docs/design.md identity 2).
 
     Parameters: `norm/scale`, `norm/bias` [in], `dense/kernel`, `dense/bias`;
     `use_norm_bias` / `norm_bias_init` are the LayerNorm's `use_bias` / `bias_init`.
@@ -228,7 +228,7 @@ class _DenseNorm(_NormDense):
 
 
 class DenseRMSNorm(_DenseNorm):
-    """nn.Dense followed by nn.RMSNorm over its outputs, fused (post-norm, DESIGN algebra 3).
+    """nn.Dense followed by nn.RMSNorm over its outputs, fused (docs/design.md identity 3).
 
     Parameters: `dense/kernel` [in, features], `dense/bias`, `norm/scale` [features].
     `layer.apply(params, x, residual)` adds the residual before the norm and returns

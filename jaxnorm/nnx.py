@@ -210,7 +210,7 @@ class RMSNormProjections(_NormThenLinears):
 
 
 class LayerNormLinear(_NormThenLinears):
-    """nnx.LayerNorm followed by nnx.Linear, fused (DESIGN algebra 2: mean and column sums).
+    """nnx.LayerNorm followed by nnx.Linear, fused (docs/design.md identity 2).
 
     Parameters: `norm.scale`, `norm.bias` [in], `linear.kernel`, `linear.bias`.
     `use_norm_bias`/`norm_bias_init` are the LayerNorm's `use_bias`/`bias_init`.
@@ -291,7 +291,7 @@ class _LinearThenNorm(nnx.Module):
 
 
 class LinearRMSNorm(_LinearThenNorm):
-    """nnx.Linear followed by nnx.RMSNorm over its outputs, fused (post-norm, DESIGN algebra 3).
+    """nnx.Linear followed by nnx.RMSNorm over its outputs, fused (docs/design.md identity 3).
 
     Parameters: `linear.kernel` [in, out], `linear.bias` [out], `norm.scale` [out], built
     in that order as the stock pair would be. `layer(x, residual)` adds a residual

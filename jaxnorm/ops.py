@@ -1,7 +1,7 @@
 """The public functional ops: validate, flatten leading dims to M, dispatch, restore shape.
 
 Shapes: x is [..., K]; kernels are [K, N]; vectors are [K] or [N]. Output dtype
-follows x; statistics and accumulation are float32. See DESIGN.md section 3.
+follows x; statistics and accumulation are float32. See docs/design.md section 2.
 Every op runs through `jaxnorm.autodiff`, whose custom VJP calls the dispatched
 implementation forward and recomputes the backward from per-row statistics.
 """

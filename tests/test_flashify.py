@@ -9,7 +9,8 @@ from flax import nnx
 
 import jaxnorm.linen as jlinen
 import jaxnorm.nnx as jnnx
-from jaxnorm import fold, models
+from jaxnorm import models
+from jaxnorm.flashify import flashify, unflashify
 from verify import references as ref
 from verify import tolerances as tol
 from verify.references import f64
@@ -50,7 +51,7 @@ PRESETS = [models.llama, models.qwen3, models.gemma]
 def test_what_folds_and_what_stays(preset):
     model = _model(preset)
     before = _paths(models.params_of(model))
-    after = _paths(fold.flashify(models.params_of(model),
+    after = _paths(flashify(models.params_of(model),
                                  scale_offset=model.cfg.scale_offset).params)
     removed = before - after
     folded_norms = {f"layers/{i}/{g}/norm/scale" for i in range(model.cfg.n_layers)
@@ -68,7 +69,7 @@ def test_what_folds_and_what_stays(preset):
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.__name__)
 def test_round_trip(preset):
     params = models.params_of(_model(preset))
-    back = fold.unflashify(fold.flashify(params, scale_offset=1.0 if preset is models.gemma
+    back = unflashify(flashify(params, scale_offset=1.0 if preset is models.gemma
                                          else 0.0))
     assert jax.tree.structure(back) == jax.tree.structure(params)
     # fold then unfold: two float32 roundings of each weight
@@ -115,7 +116,7 @@ def _layer_norm_params(use_bias: bool) -> tuple[jnnx.LayerNormLinear, dict]:
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_layer_norm_group_folds_bias_and_gain(use_bias):
     layer, params = _layer_norm_params(use_bias)
-    folded = fold.flashify(params)
+    folded = flashify(params)
     assert "norm" not in folded.params and "bias" in folded.params["linear"]
     target = jnnx.LayerNormLinear(K, 20, use_bias=True, use_scale=False, use_norm_bias=False,
                                   epsilon=EPS, rngs=nnx.Rngs(1))
@@ -127,7 +128,7 @@ def test_layer_norm_group_folds_bias_and_gain(use_bias):
     bias = f64(params["linear"].get("bias"))
     bound = 2 * tol.dense_tolerance(normed, w, f64(y), np.float32, np.float32, bias=bias)
     assert np.all(np.abs(f64(y_folded) - f64(y)) <= bound)
-    back = fold.unflashify(folded)
+    back = unflashify(folded)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     np.testing.assert_allclose(back["linear"]["kernel"], params["linear"]["kernel"], rtol=1e-6)
 
@@ -136,7 +137,7 @@ def test_linen_tree_folds_too():
     layer = jlinen.RMSNormDense(16, scale_init=nn.initializers.normal(1.0))
     x = jnp.asarray(np.random.default_rng(1).standard_normal((3, K)), jnp.float32)
     params = layer.init(jax.random.key(0), x)["params"]
-    folded = fold.flashify(params).params
+    folded = flashify(params).params
     assert set(folded) == {"dense"}
     y = jlinen.RMSNormDense(16, use_scale=False).apply({"params": folded}, x)
     np.testing.assert_allclose(y, layer.apply({"params": params}, x), rtol=1e-5, atol=1e-5)
@@ -146,6 +147,6 @@ def test_non_groups_are_untouched():
     params = {"norm": {"scale": jnp.ones(4)},  # a norm with no projection beside it
               "mixed": {"norm": {"scale": jnp.ones(4)}, "q": {"kernel": jnp.ones((4, 2))},
                         "other": {"embedding": jnp.ones((3, 4))}}}
-    folded = fold.flashify(params)
+    folded = flashify(params)
     assert folded.norms == {}
     assert jax.tree.structure(folded.params) == jax.tree.structure(params)

@@ -1,4 +1,4 @@
-"""DESIGN section 1, items 1-6: hand-countable anchors, then random float64 cases."""
+"""docs/design.md section 1, items 1-6: hand-countable anchors, then random float64 cases."""
 
 import numpy as np
 from hypothesis import given
@@ -45,6 +45,31 @@ def test_anchor_chunked_sum_of_squares():
     x = np.array([[1.0, 2.0, 3.0, 4.0]])
     assert identities.chunked_statistics(x, 2) == 0.0
     assert np.sum(x[:, :2] ** 2) == 5 and np.sum(x[:, 2:] ** 2) == 25 and np.sum(x**2) == 30
+
+
+def test_anchor_shifted_combine():
+    """[1, 3 | 10, 14], shift = first: parts (2, 1, 1, 2) and (2, 10, 2, 8).
+
+    a = (0 + 1, 9 + 2) = (1, 11), mu = 6, M2 = 2 + 8 + 2 (25 + 25) = 110:
+    mean 1 + 6 = 7, variance 110 / 4 = 27.5 (= np.var).
+    """
+    x = np.array([[1.0, 3.0, 10.0, 14.0]])
+    parts = [identities.shifted_partials(p, "first") for p in (x[:, :2], x[:, 2:])]
+    np.testing.assert_array_equal(np.concatenate(parts[0]), [2, 1, 1, 2])
+    np.testing.assert_array_equal(np.concatenate(parts[1]), [2, 10, 2, 8])
+    mean, var = identities.combine_shifted(parts)
+    assert mean[0] == 7.0 and var[0] == 27.5 == np.var(x)
+
+
+def test_shifted_combine_keeps_float32_digits_where_moments_lose_them():
+    """|mean| / std = 1e4: E[x^2] - E[x]^2 in float32 has no digit of the variance
+    left; the shifted combine of 8 float32 partials keeps it to ~1e-4."""
+    x = (1e4 + np.random.default_rng(0).standard_normal((4, 4096))).astype(np.float32)
+    assert identities.shifted_statistics(x, 8, "first") < 1e-4
+    assert identities.shifted_statistics(x, 8, "mean", "mean") < 1e-4
+    moments = np.mean(x * x, -1) - np.mean(x, -1) ** 2
+    var64 = np.var(x.astype(np.float64), -1)
+    assert np.max(np.abs(moments - var64) / var64) > 0.5
 
 
 def test_anchor_rms_scale_invariance():
@@ -98,6 +123,15 @@ def test_centering_and_moments(shape, seed):
 def test_chunked_statistics(shape, seed, chunks):
     m, k, _ = shape
     assert identities.chunked_statistics(_draw(seed, m, k), min(chunks, k)) < FLOAT64_LEVEL * k
+
+
+@given(shapes, seeds, st.integers(1, 8), st.sampled_from(["first", "mean"]),
+       st.sampled_from(["first", "mean"]), st.floats(-1e4, 1e4))
+def test_shifted_statistics(shape, seed, chunks, shift, reference, offset):
+    m, k, _ = shape
+    x = _draw(seed, m, k) + offset
+    assert identities.shifted_statistics(x, min(chunks, k), shift, reference) < (
+        FLOAT64_LEVEL * k)
 
 
 @given(shapes, seeds, st.integers(1, 32))

@@ -8,7 +8,7 @@ import pytest
 from flax import linen as nn
 
 import jaxnorm.linen as jlinen
-from judge_layers import assert_grads_match, assert_outputs_match
+from verify.layer_pairs import assert_grads_match, assert_outputs_match
 from verify import references as ref
 from verify.checks import check_grads_of, check_post_norm_outputs
 

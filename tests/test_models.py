@@ -10,6 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
+from bench import tiny_model
 from jaxnorm import models
 from verify import tolerances as tol
 from verify.references import f64
@@ -86,14 +87,14 @@ def test_training_curves_match():
 def test_tiny_train_step_is_flat_and_jittable():
     results = {}
     for variant in ("stock", "jaxnorm"):
-        step, args = models.tiny_train_step(variant, batch=2, seq_len=8)
+        step, args = tiny_model.tiny_train_step(variant, batch=2, seq_len=8)
         assert all(isinstance(a, jax.Array) for a in args)
         loss, *params = jax.jit(step)(*args)
         assert len(params) == len(args) - 1
         results[variant] = float(loss)
     assert results["stock"] == pytest.approx(results["jaxnorm"], rel=1e-5)
     with pytest.raises(ValueError, match="variant"):
-        models.tiny_train_step("other")
+        tiny_model.tiny_train_step("other")
 
 
 def test_config_is_checked():

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import jaxnorm.nnx as jnnx
-from judge_layers import assert_grads_match, assert_outputs_match
+from verify.layer_pairs import assert_grads_match, assert_outputs_match
 from verify import references as ref
 from verify.checks import check_grads_of, check_post_norm_outputs
 

@@ -93,6 +93,8 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
         run("centering", lambda r: identities.centering(arrays(r, 3, 9), arrays(r, 9, 4))),
         run("variance from moments", lambda r: identities.variance_from_moments(arrays(r, 3, 9))),
         run("chunked statistics", lambda r: identities.chunked_statistics(arrays(r, 3, 50), 4)),
+        run("shifted statistics", lambda r: identities.shifted_statistics(
+            arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8, "first")),
         run("deferred scale", lambda r: identities.deferred_scale(
             arrays(r, 3, 40), arrays(r, 40, 6), 1e-6, 16)),
         run("norm cancellation", lambda r: identities.norm_cancellation(
@@ -104,24 +106,17 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
 
 def _op_rows(ops: list[str], impl: str, examples: int, seed_value: int,
              max_k: int) -> list[Row]:
-    kernel_tiles = impl != "xla"
-    dtypes = strategies.DTYPES[1:] if kernel_tiles else strategies.DTYPES  # kernels: 16-bit
     rows = []
     for op in ops:
-        # Kernels tile K and N by 64; the post-norm kernel's N by 128 (two 64-wide warpgroups).
-        multiple = (128 if op.startswith("dense_") else 64) if kernel_tiles else 1
-        for dtype in dtypes:
+        for dtype in strategies.impl_dtypes(impl):
             rows.append(_run_property(
-                Row(op, str(dtype)),
-                strategies.op_inputs(op, dtype, max_k=max_k, multiple=multiple,
-                                     weights_like_x=kernel_tiles),
+                Row(op, str(dtype)), strategies.impl_inputs(op, impl, dtype, max_k),
                 lambda inputs, op=op: checks.check_op(op, impl, **inputs), examples,
                 seed_value))
-        grad_dtype = strategies.DTYPES[1] if kernel_tiles else np.float32
+        grad_dtype = strategies.impl_dtypes(impl)[0]
         rows.append(_run_property(
             Row(f"grad {op}", str(np.dtype(grad_dtype))),
-            strategies.op_inputs(op, grad_dtype, max_k=min(max_k, 1024), multiple=multiple,
-                                 weights_like_x=kernel_tiles),
+            strategies.impl_inputs(op, impl, grad_dtype, min(max_k, 1024)),
             lambda inputs, op=op: checks.check_grad(op, impl, **inputs), examples, seed_value))
     return rows
 

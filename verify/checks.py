@@ -229,7 +229,7 @@ def _reference_grads(op: str, inputs: dict, dy: np.ndarray, magnitude: bool) -> 
 
 
 def _combined_reference_grads(op: str, inputs: dict, dys: list, magnitude: bool) -> dict:
-    """A sequence of kernels sharing one norm: norm-side gradients add, per-kernel ones stay apart."""
+    """A sequence of kernels sharing one norm: norm-side gradients add, per-kernel ones apart."""
     if "kernel" not in inputs:
         return _reference_grads(op, inputs, dys[0], magnitude)
     kernels, seq = _as_tuple(inputs["kernel"]), isinstance(inputs["kernel"], (list, tuple))

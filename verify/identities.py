@@ -1,4 +1,4 @@
-"""The algebra of DESIGN section 1, each identity as a float64 check.
+"""The algebra of docs/design.md section 1, each identity as a float64 check.
 
 Every function takes float64 arrays, evaluates both sides of one identity and
 returns the largest relative difference, so properties can assert it is at
@@ -57,6 +57,58 @@ def chunked_statistics(x: np.ndarray, chunks: int) -> float:
     combined = np.stack([s, ss, ss / k - (s / k) ** 2])
     whole = np.stack([np.sum(x, -1), np.sum(x * x, -1), np.var(x, -1)])
     return _rel(combined, whole)
+
+
+def shifted_partials(part: np.ndarray, shift: str) -> tuple[np.ndarray, ...]:
+    """One CTA's LayerNorm partials of its columns: (count, shift s, shifted mean md, M2).
+
+    s is the part's first element (standalone row norm) or its own mean (post-norm
+    GEMM); md = mean(x - s), M2 = sum((x - s - md)^2). Computed in part's dtype.
+    """
+    if shift not in ("first", "mean"):
+        raise ValueError(f"shift must be 'first' or 'mean'; got {shift!r}")
+    s = part[..., 0] if shift == "first" else np.mean(part, axis=-1)
+    d = part - s[..., None]
+    md = np.mean(d, axis=-1)
+    m2 = np.sum((d - md[..., None]) ** 2, axis=-1)
+    return np.full(s.shape, part.shape[-1], part.dtype), s, md, m2
+
+
+def combine_shifted(partials: list[tuple[np.ndarray, ...]],
+                    reference: str = "first") -> tuple[np.ndarray, np.ndarray]:
+    """Chan's combine of shifted partials into the row's (mean, variance).
+
+    Relative to a reference shift s_0 (the first part's, or the mean of the parts'
+    shifts where the kernel loads partials as a matrix), part c has mean
+    a_c = (s_c - s_0) + md_c;
+    the row's shifted mean is mu = sum_c n_c a_c / K and
+    M2 = sum_c M2_c + sum_c n_c (a_c - mu)^2. Only differences of nearby values
+    are formed, so rows with |mean| >> std keep their digits in float32.
+    """
+    if reference not in ("first", "mean"):
+        raise ValueError(f"reference must be 'first' or 'mean'; got {reference!r}")
+    counts, shifts, means_d, m2s = (np.stack(column) for column in zip(*partials))
+    s0 = shifts[0] if reference == "first" else np.mean(shifts, axis=0)
+    a = (shifts - s0) + means_d
+    k = np.sum(counts, axis=0)
+    mu = np.sum(counts * a, axis=0) / k
+    m2 = np.sum(m2s, axis=0) + np.sum(counts * (a - mu) ** 2, axis=0)
+    return s0 + mu, m2 / k
+
+
+def shifted_statistics(x: np.ndarray, chunks: int, shift: str = "first",
+                       reference: str = "first") -> float:
+    """3'. Chan-combined per-tile (count, shift, shifted mean, M2) = whole-row mean, variance.
+
+    What the kernels exchange for LayerNorm when a row spans CTAs or warpgroups
+    (chunks of unequal width included; the kernels' are equal). Mean and variance
+    are compared separately: a large mean must not hide a variance error.
+    """
+    partials = [shifted_partials(p, shift) for p in np.array_split(x, chunks, axis=-1)]
+    mean, var = combine_shifted(partials, reference)
+    x64 = x.astype(np.float64)
+    return max(_rel(mean.astype(np.float64), np.mean(x64, -1)),
+               _rel(var.astype(np.float64), np.var(x64, -1)))
 
 
 def deferred_scale(x: np.ndarray, w: np.ndarray, eps: float, k_tile: int) -> float:

@@ -28,7 +28,7 @@ def _large_mean_ratio(dtype: np.dtype) -> float:
 
 
 def rows(rng: np.random.Generator, m: int, k: int, dtype: np.dtype, kind: str) -> np.ndarray:
-    """m rows of length k of the given kind; row 0 is always ordinary so no draw is all-degenerate."""
+    """m rows of length k of the given kind; row 0 is ordinary so no draw is all-degenerate."""
     x = rng.standard_normal((m, k))
     special = rng.random(m) < 0.5
     special[0] = False
@@ -110,3 +110,20 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
         if draw(st.booleans()):
             inputs["residual"] = rng.standard_normal((*x.shape[:-1], n)).astype(dtype)
     return inputs
+
+
+def impl_dtypes(impl: str | None) -> tuple[np.dtype, ...]:
+    """The dtypes an implementation serves: the Mosaic kernels take 16-bit x only."""
+    return DTYPES if impl == "xla" else DTYPES[1:]
+
+
+def impl_inputs(op: str, impl: str | None, dtype: np.dtype,
+                max_k: int = 8192) -> st.SearchStrategy[dict]:
+    """`op_inputs` drawn as `impl` serves them, so a kernel runs instead of declining.
+
+    The kernels tile K and N by 64 (the post-norm GEMM's N by 128: two 64-wide
+    warpgroups) and take weights in x's dtype; xla takes any shape and mixed weights.
+    """
+    kernel = impl != "xla"
+    multiple = (128 if op.startswith("dense_") else 64) if kernel else 1
+    return op_inputs(op, dtype, max_k=max_k, multiple=multiple, weights_like_x=kernel)

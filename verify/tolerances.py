@@ -8,7 +8,7 @@ with the float64 reference y64 of the same convention:
 
 - ||a||_2 is the 2-norm of the terms that were summed to make the element:
   for a dot of length K, a_k = xhat_k * w_k (the normalized activation times
-  the effective weight). sqrt(K) * rms(a) = ||a||_2, so this is the DESIGN's
+  the effective weight). sqrt(K) * rms(a) = ||a||_2, so this is docs/design.md's
   "eps * sqrt(K) * (|x| . |w|)" with the terms combined as a random walk:
   rounding K operands to u_op (bf16 operands, a bf16 normalized activation, a
   folded weight rounded to bf16) errs like a random walk of K steps of size

@@ -9,7 +9,7 @@
 from jaxnorm.models.config import ModelConfig, gemma, llama, qwen3
 from jaxnorm.models.folded import flashify_model, load_params, params_of
 from jaxnorm.models.generate import greedy_decode
-from jaxnorm.models.train import next_token_loss, tiny_train_step, train_step
+from jaxnorm.models.train import next_token_loss, train_step
 from jaxnorm.models.transformer import Transformer
 
 __all__ = [
@@ -23,6 +23,5 @@ __all__ = [
     "next_token_loss",
     "params_of",
     "qwen3",
-    "tiny_train_step",
     "train_step",
 ]

@@ -14,7 +14,7 @@ class ModelConfig:
 
     `fused` is the one switch between stock Flax layers (False) and jaxnorm
     layers (True); both build the same parameter tree with the same values from
-    the same `Rngs`. `folded` builds the flashified form (`jaxnorm.fold.flashify`):
+    the same `Rngs`. `folded` builds the flashified form (`jaxnorm.flashify.flashify`):
     norms whose gains moved into the projections they feed carry no scale.
     """
 

@@ -6,12 +6,12 @@ from typing import Any
 
 from flax import nnx
 
-from jaxnorm import fold
+from jaxnorm.flashify import flashify
 from jaxnorm.models.transformer import Transformer
 
 
 def params_of(model: Transformer) -> dict:
-    """The model's parameters as a plain nested dict (the form `jaxnorm.fold.flashify` takes)."""
+    """The model's parameters as a plain nested dict (the form `jaxnorm.flashify.flashify` takes)."""
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
@@ -35,5 +35,5 @@ def flashify_model(model: Transformer) -> Transformer:
     final norm into the LM head when embeddings are untied; QK-norm gains and
     a tied head's norm stay (see `jaxnorm.flashify`).
     """
-    folded = fold.flashify(params_of(model), scale_offset=model.cfg.scale_offset)
+    folded = flashify(params_of(model), scale_offset=model.cfg.scale_offset)
     return load_params(model, folded.params, folded=True)

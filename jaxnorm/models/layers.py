@@ -3,7 +3,7 @@
 A norm and the projections it feeds always share one module (`norm`, then one
 child per projection name), whichever flavour builds it: that is the layout
 `jaxnorm.nnx.RMSNormProjections` has, so the stock model, the jaxnorm model and
-`jaxnorm.fold.flashify` all see the same parameter paths.
+`jaxnorm.flashify.flashify` all see the same parameter paths.
 """
 
 from __future__ import annotations
