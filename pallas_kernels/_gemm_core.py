@@ -1,30 +1,22 @@
 """The warp-specialized persistent Hopper GEMM shared by `plain_matmul` and `lazy_norm_matmul`.
 
 Shape of the kernel (after jax's `ops/gpu/hopper_matmul_mgpu.py`, with its own
-pipeline so that one launch can serve several weight matrices and an optional
-statistics warpgroup can sit beside the MMA warpgroups):
+pipeline so that one launch can serve several weight matrices):
 
     warpgroup 0, 1   MMA: wait `produced[slot]`, wgmma, arrive `consumed[slot]`;
                      after the K-loop the epilogue (row scale, column-sum
                      correction, bias, optional row statistics of Y) writes
                      x.dtype through SMEM and TMA, then arrives `vec_free`
-                     (and `stats_free`) for the tile's vectors.
+                     for the tile's vectors.
     warpgroup 2      memory: per tile, wait `vec_free` (two tiles back) and TMA
                      the epilogue vectors (row scale/shift, column sums, bias)
                      into SMEM, arriving on `vec_ready`; per K step, wait
                      `consumed[slot]` and TMA the next A and B tiles into
                      `slot`, arriving on `produced[slot]`.
-    warpgroup 3      (only with `stats_warpgroup`) statistics: waits
-                     `produced[slot]` too, reads the A tile, accumulates per-row
-                     sum and sum of squares, arrives `consumed[slot]` (so the
-                     memory warpgroup cannot overwrite the tile under it); at
-                     the end of a tile it publishes the row scale and shift in
-                     SMEM (`stats_ready`) and waits for the MMA warpgroups to
-                     release them (`stats_free`) before the tile after next.
 
 Every hand-off is an mbarrier; every SMEM buffer read by generic loads and
 then refilled by TMA is released only after `commit_smem` (the proxy fence).
-The interpreter's race detector runs every variant (tests/test_lazy_norm_matmul.py).
+The interpreter's race detector runs the kernel (tests/test_lazy_norm_matmul.py).
 
 The grid is persistent (one CTA per SM); tiles are (M tile, N tile) pairs over
 the concatenated N of all weights, so [wq, wk, wv] cost one launch and no copy.
@@ -47,17 +39,10 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import hardware
+from pallas_kernels.errors import Unsupported
+
 Array = jax.Array
-
-# Interpret mode simulates every CTA as a host thread: a few are enough to
-# exercise the persistent schedule (CTAs owning several tiles).
-INTERPRET_NUM_SMS = 4
-# Used when lowering for "cuda" on a machine without a GPU (compile checks).
-DEFAULT_NUM_SMS = 132
-
-
-class Unsupported(NotImplementedError):
-    """This kernel cannot serve the shapes/dtypes given; the message says why."""
 
 
 class MatmulDimension(enum.IntEnum):
@@ -76,9 +61,6 @@ class TuningConfig:
     """Tile sizes and schedule of the GEMM (one compute warpgroup owns tile_m x tile_n).
 
     The CTA tile doubles along `wg_dimension` (two MMA warpgroups).
-    `stats_warpgroup` adds a fourth warpgroup that computes the lazy norm's
-    row statistics from the A tiles in flight (design (b)); without it they
-    come from outside (design (a)).
     """
 
     tile_m: int = 128
@@ -90,7 +72,6 @@ class TuningConfig:
     grid_minor_dim: MatmulDimension = MatmulDimension.N
     grid_tile_width: int = 1
     wg_dimension: MatmulDimension = MatmulDimension.N
-    stats_warpgroup: bool = False
 
     @property
     def cta_tile_m(self) -> int:
@@ -101,22 +82,15 @@ class TuningConfig:
         return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
 
 
-class RowStatistics(enum.Enum):
-    """Which row statistic the statistics warpgroup produces (design (b))."""
-
-    RMS = "rms"  # row_scale = rsqrt(mean(x^2) + eps)
-    LAYER = "layer"  # row_scale = rsqrt(var + eps), row_shift = row_scale * mean
-
-
 @dataclasses.dataclass(frozen=True)
 class Epilogue:
     """What the epilogue applies to acc = X @ W (all float32, then cast to the output dtype).
 
         y = row_scale[:, None] * acc - row_shift[:, None] * col_sums[None, :] + col_bias[None, :]
 
-    Row vectors come from inputs (design (a)) or from the statistics warpgroup
-    (`stats`, design (b)). `row_stats_out` also writes per-row partial
-    (sum, sum of squares) of y over each warpgroup's tile_n columns.
+    Row vectors are inputs (statistics computed outside the GEMM). `row_stats_out`
+    also writes per-row partial (sum, sum of squares) of y over each warpgroup's
+    tile_n columns.
     """
 
     row_scale: bool = False
@@ -124,28 +98,15 @@ class Epilogue:
     col_sums: bool = False
     col_bias: bool = False
     row_stats_out: bool = False
-    stats: RowStatistics | None = None
-    eps: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.stats is not None and (self.row_scale or self.row_shift):
-            raise ValueError("row vectors come either from inputs or from the stats warpgroup")
-        shifted = self.row_shift or self.stats == RowStatistics.LAYER
-        if shifted != self.col_sums:
+        if self.row_shift != self.col_sums:
             raise ValueError("a row shift (s * mean(x)) and col_sums (1^T W*) come together")
 
 
-def num_sms(interpret: bool) -> int:
-    """CTAs of the persistent grid: the device's SMs (or the abstract mesh's, when lowering)."""
-    if interpret:
-        return INTERPRET_NUM_SMS
-    abstract_device = jax.sharding.get_abstract_mesh().abstract_device
-    if abstract_device is not None:
-        return abstract_device.num_cores
-    device = jax.devices()[0]
-    if device.platform == "gpu":
-        return device.core_count
-    return DEFAULT_NUM_SMS
+def grid_ctas(interpret: bool) -> int:
+    """CTAs of the persistent grid at most: one per SM (a few under the interpreter)."""
+    return hardware.INTERPRET_GRID_CTAS if interpret else hardware.num_sms()
 
 
 def check_shapes(
@@ -186,12 +147,8 @@ def check_shapes(
         )
     if config.tile_n % 64 or config.tile_n > 256:
         raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
-    if config.stats_warpgroup and config.tile_k != 64:
-        raise Unsupported("the statistics warpgroup reads 64-wide A tiles (tile_k=64)")
 
 
-# Shared memory per CTA on Hopper (the kernel's limit, 227 KiB).
-SMEM_BYTES = 232448
 # Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
 # more). A model: only the 128x256 CTA tile (128x128 per warpgroup, 4 stages,
 # ~800 TFLOP/s at M >= 2048 on the H200) and the decode tiles were measured.
@@ -207,7 +164,8 @@ _CANDIDATES = (
 def smem_bytes(config: TuningConfig, itemsize: int) -> int:
     """Upper bound of the kernel's SMEM: pipeline slots, output staging, and the
     largest set of epilogue vectors (row scale and shift, column sums and
-    bias, the statistics warpgroup's rows, row statistics out), plus barriers."""
+    bias, row statistics out), plus barriers. (The vectors' term still counts the rows of the
+    retired statistics warpgroup: the bound, and so every pick, is as measured.)"""
     stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * itemsize
     out = 2 * 2 * config.epi_tile_m * config.epi_tile_n * itemsize
     vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
@@ -221,7 +179,7 @@ def _fit_smem(config: TuningConfig, itemsize: int, max_steps: int) -> TuningConf
     for epi_n in (config.epi_tile_n, config.epi_tile_n // 2):
         for steps in range(max_steps, 3, -1):
             fitted = dataclasses.replace(config, max_concurrent_steps=steps, epi_tile_n=epi_n)
-            if smem_bytes(fitted, itemsize) <= SMEM_BYTES:
+            if smem_bytes(fitted, itemsize) <= hardware.SMEM_BYTES_PER_CTA:
                 return fitted
     return dataclasses.replace(config, max_concurrent_steps=3)
 
@@ -231,9 +189,8 @@ def default_config(
     k: int,
     ns: Sequence[int],
     *,
-    sms: int = DEFAULT_NUM_SMS,
+    sms: int = hardware.H200_SMS,
     itemsize: int = 2,
-    stats_warpgroup: bool = False,
 ) -> TuningConfig:
     """Tiles per shape: a decode config for M <= 64, else the CTA tile that best fills the SMs.
 
@@ -252,15 +209,11 @@ def default_config(
         # ran N=14336 (112 CTAs) at 3.5 TB/s but N=6144 (48 CTAs) at 2.6 TB/s.
         wide_tiles = sum(pl.cdiv(n, 128) for n in ns)
         wg_dim = MatmulDimension.M if wide_tiles < sms // 2 else MatmulDimension.N
-        config = TuningConfig(
-            tile_m=64, tile_n=64, wg_dimension=wg_dim, stats_warpgroup=stats_warpgroup
-        )
+        config = TuningConfig(tile_m=64, tile_n=64, wg_dimension=wg_dim)
         return _fit_smem(config, itemsize, max_steps=8)
     best, best_time = None, float("inf")
     for tile_m, tile_n, wg_dim, efficiency in _CANDIDATES:
-        config = TuningConfig(
-            tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim, stats_warpgroup=stats_warpgroup
-        )
+        config = TuningConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim)
         tiles = pl.cdiv(m, config.cta_tile_m) * sum(pl.cdiv(n, config.cta_tile_n) for n in ns)
         time = pl.cdiv(tiles, sms) * config.cta_tile_m * config.cta_tile_n / efficiency
         if time < best_time:
@@ -313,11 +266,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     n_iters = sum(n_tiles)
     n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
     steps = config.max_concurrent_steps
-    stats = epilogue.stats
-    num_mma_wgs, memory_wg, stats_wg = 2, 2, 3
-    # Every A/B slot is released by both MMA warpgroups and, with design (b),
-    # by the statistics warpgroup, which reads the same A tile.
-    consumers = num_mma_wgs + (1 if stats is not None else 0)
+    num_mma_wgs, memory_wg = 2, 2
     num_vectors = len(row_names) + len(col_names)
     wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
 
@@ -342,7 +291,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         out_smem=_swizzled((num_mma_wgs, 2, epi_m, epi_n), out_dtype, epi_n),
         # Two TMA copies (A and B) arrive on each produced barrier.
         produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
-        consumed=plgpu.Barrier(num_arrivals=consumers, num_barriers=steps),
+        consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
     )
     if num_vectors:
         # Epilogue vectors of a tile, double-buffered by the CTA's tile parity.
@@ -350,17 +299,11 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         scratch["col_smem"] = plgpu.SMEM((2, max(len(col_names), 1), cta_tile_n), jnp.float32)
         scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
-    if stats is not None:
-        # Row scale and shift from the statistics warpgroup, same double buffering.
-        scratch["stats_smem"] = plgpu.SMEM((2, 2, cta_tile_m), jnp.float32)
-        scratch["stats_ready"] = plgpu.Barrier(num_arrivals=1, num_barriers=2)
-        scratch["stats_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
     if stats_out_gmems is not None:
         scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
 
     def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
-             vec_ready=None, vec_free=None, stats_smem=None, stats_ready=None, stats_free=None,
-             stats_out_smem=None):
+             vec_ready=None, vec_free=None, stats_out_smem=None):
         wg_idx = lax.axis_index("wg")
 
         def memory_warpgroup():
@@ -436,9 +379,8 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                     plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
 
         def mma_warpgroup():
-            # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512, or with the
-            # statistics warpgroup 2 x 192 + 40 + 64 = 488 (slack against a launch below 128).
-            plgpu.set_max_registers(192 if stats is not None else 232, action="increase")
+            # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
+            plgpu.set_max_registers(232, action="increase")
             if config.wg_dimension == MatmulDimension.M:
                 wg_m0, wg_n0 = wg_idx * tile_m, 0
             else:
@@ -477,11 +419,6 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                         vectors[name] = row_smem.at[parity, j, rows]
                     for j, name in enumerate(col_names):
                         vectors[name] = col_smem.at[parity, j, cols]
-                if stats is not None:
-                    plgpu.barrier_wait(stats_ready.at[parity])
-                    vectors["row_scale"] = stats_smem.at[parity, 0, rows]
-                    if stats == RowStatistics.LAYER:
-                        vectors["row_shift"] = stats_smem.at[parity, 1, rows]
 
                 def store(src, r, c):
                     def copy(i, local_n):
@@ -515,40 +452,12 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 )
                 # Release this tile's vectors; the fence orders the reads above
                 # before the TMA writes that will refill the buffer.
-                if num_vectors or stats is not None:
-                    plgpu.commit_smem()
                 if num_vectors:
+                    plgpu.commit_smem()
                     plgpu.barrier_arrive(vec_free.at[parity])
-                if stats is not None:
-                    plgpu.barrier_arrive(stats_free.at[parity])
                 return carry + k_iters
 
-        def stats_warpgroup():
-            plgpu.set_max_registers(64, action="decrease")
-            _statistics_loop(
-                a_smem=a_smem,
-                produced=produced,
-                consumed=consumed,
-                stats_smem=stats_smem,
-                stats_ready=stats_ready,
-                stats_free=stats_free,
-                num_tiles=m_iters * n_iters,
-                k_iters=k_iters,
-                k=k,
-                steps=steps,
-                cta_tile_m=cta_tile_m,
-                stats=stats,
-                eps=epilogue.eps,
-            )
-
-        if stats is None:
-            lax.cond(wg_idx == memory_wg, memory_warpgroup, mma_warpgroup)
-        else:
-            lax.cond(
-                wg_idx == memory_wg,
-                memory_warpgroup,
-                lambda: lax.cond(wg_idx == stats_wg, stats_warpgroup, mma_warpgroup),
-            )
+        lax.cond(wg_idx == memory_wg, memory_warpgroup, mma_warpgroup)
         # Await all output copies before the CTA exits.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -620,92 +529,6 @@ def _epilogue(
             plgpu.copy_smem_to_gmem(row_stats[0].at[j], row_stats[1][j])
 
 
-def safe_rsqrt(v: Array) -> Array:
-    """rsqrt(v) where v > 0, else 0 (a zero row with eps = 0 gives zeros); NaN stays NaN."""
-    positive = v > 0
-    r = lax.rsqrt(jnp.where(positive, v, 1.0))
-    return jnp.where(positive, r, jnp.where(v != v, v, 0.0))
-
-
-def _statistics_loop(
-    *,
-    a_smem,
-    produced,
-    consumed,
-    stats_smem,
-    stats_ready,
-    stats_free,
-    num_tiles: int,
-    k_iters: int,
-    k: int,
-    steps: int,
-    cta_tile_m: int,
-    stats: RowStatistics,
-    eps: float,
-) -> None:
-    """Design (b): row statistics from the A tiles the MMA warpgroups are consuming.
-
-    Reads each A slot once (64 rows at a time, to stay inside 64 registers),
-    accumulates per-row sum of squares (RMS) or shifted sum and sum of squares
-    (LayerNorm: every value minus an early estimate of its row mean, the mean
-    of the row's first K tile, so the variance does not cancel when
-    |mean| >> std), and releases the slot like an MMA warpgroup does.
-    """
-    halves = cta_tile_m // 64
-    row_layout = plgpu.Layout.WGMMA.reduce(1)
-    zeros = plgpu.layout_cast(jnp.zeros((64,), jnp.float32), row_layout)
-
-    @plgpu.nd_loop((num_tiles,), collective_axes="sm", init_carry=jnp.int32(0))
-    def total_tiles(loop_info, carry):
-        def k_body(ki, partial_sums, first=False):
-            slot = lax.rem(carry + ki, steps)
-            plgpu.barrier_wait(produced.at[slot])
-            new_carry = []
-            for h in range(halves):
-                a = a_smem.at[slot, pl.ds(h * 64, 64)][...].astype(jnp.float32)
-                a = plgpu.layout_cast(a, plgpu.Layout.WGMMA)
-                shift, s1, s2 = partial_sums[h]
-                if stats == RowStatistics.LAYER:
-                    if first:  # the row's first K tile sets its shift
-                        shift = jnp.sum(a, axis=1) * (1.0 / a.shape[1])
-                    a = a - lax.broadcast_in_dim(shift, a.shape, [0])
-                    s1 = s1 + jnp.sum(a, axis=1)
-                s2 = s2 + jnp.sum(a * a, axis=1)
-                new_carry.append((shift, s1, s2))
-            # Order this warpgroup's SMEM reads before the TMA that will refill the slot.
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(consumed.at[slot])
-            return tuple(new_carry)
-
-        sums = k_body(0, ((zeros, zeros, zeros),) * halves, first=True)
-        sums = lax.fori_loop(1, k_iters, k_body, sums)
-        parity = lax.rem(loop_info.local_index, 2)
-
-        # The MMA warpgroups must be done with what this buffer held two tiles ago.
-        @pl.when(loop_info.local_index >= 2)
-        def _():
-            plgpu.barrier_wait(stats_free.at[parity])
-
-        for h, (shift, s1, s2) in enumerate(sums):
-            if stats == RowStatistics.LAYER:
-                mean_shifted = s1 * (1.0 / k)
-                var = jnp.maximum(s2 * (1.0 / k) - mean_shifted * mean_shifted, 0.0)
-                scale = safe_rsqrt(var + eps)
-                stats_smem.at[parity, 1, pl.ds(h * 64, 64)][...] = scale * (shift + mean_shifted)
-            else:
-                scale = safe_rsqrt(s2 * (1.0 / k) + eps)
-            stats_smem.at[parity, 0, pl.ds(h * 64, 64)][...] = scale
-        plgpu.barrier_arrive(stats_ready.at[parity])
-        return carry + k_iters
-
-    # Observe the MMA warpgroups' last releases so no barrier phase is left unobserved.
-    local_tiles = total_tiles // k_iters
-
-    @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
-    def _drain(t):
-        plgpu.barrier_wait(stats_free.at[lax.rem(t, 2)])
-
-
 # TMA moves the row dimension of x and of the outputs in 8-row tiles (the
 # swizzled SMEM layout wgmma needs), so a GMEM row count above 8 must be a
 # multiple of 8; other M are padded (a copy of x and of the outputs, M*K and M*N).
@@ -764,9 +587,9 @@ def _build(
             _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles
         ),
         out_type=tuple(out_types),
-        grid=(min(num_sms(interpret), tiles),),
+        grid=(min(grid_ctas(interpret), tiles),),
         grid_names=("sm",),
-        num_threads=4 if epilogue.stats is not None else 3,
+        num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params,

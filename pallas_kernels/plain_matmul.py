@@ -10,8 +10,7 @@ from __future__ import annotations
 import jax
 
 from pallas_kernels import _gemm_core
-from pallas_kernels._gemm_core import TuningConfig
-from pallas_kernels._gemm_core import default_config
+from pallas_kernels._gemm_core import TuningConfig, default_config
 
 
 def plain_matmul(
@@ -20,8 +19,6 @@ def plain_matmul(
     """x @ w in x.dtype (bf16/f16, float32 accumulation); M >= 1, K and N multiples of 64."""
     if config is None:
         config = default_config(x.shape[0], x.shape[1], (w.shape[1],))
-    if config.stats_warpgroup:
-        raise ValueError("plain_matmul has no statistics warpgroup (config.stats_warpgroup=True)")
     (y,) = _gemm_core.run(x, [w], [], config=config, epilogue=_gemm_core.Epilogue(),
                           interpret=interpret)
     return y
