@@ -42,11 +42,12 @@ import jax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels import _gemm_core
-from pallas_kernels._gemm_core import (
+from pallas_kernels import gemm_kernel
+from pallas_kernels.gemm_config import (
     Epilogue,
     MatmulDimension,
     TuningConfig,
+    check_shapes,
     default_config,
 )
 from pallas_kernels.errors import Unsupported
@@ -117,7 +118,7 @@ def _resolve_config(
     ns = [w.shape[1] for w in weights]
     if config is None:
         config = default_config(x.shape[0], x.shape[1], ns)
-    _gemm_core.check_shapes(x, weights, config)
+    check_shapes(x, weights, config)
     return config
 
 
@@ -146,7 +147,7 @@ def _run(
         vectors += _columns(col_sums, ns)
     if epilogue.col_bias:
         vectors += _columns(biases, ns)
-    results = _gemm_core.run(
+    results = gemm_kernel.run(
         x, weights, vectors, config=config, epilogue=epilogue, interpret=interpret
     )
     outs = tuple(results[: len(weights)])

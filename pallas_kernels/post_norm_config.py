@@ -212,7 +212,8 @@ def select_gpu_config(
 
 def select_config(
     m: int, k: int, n: int, dtype: jnp.dtype, *, kind: Kind, residual: bool = False,
-    transport: Transport = "dsmem", max_cluster: int | None = None, num_sms: int = hardware.H200_SMS,
+    transport: Transport = "dsmem", max_cluster: int | None = None,
+    num_sms: int = hardware.H200_SMS,
 ) -> PostNormConfig:
     """Tiles per shape; Unsupported (with the reason) where the kernel does not serve it.
 

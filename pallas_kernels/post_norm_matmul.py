@@ -39,7 +39,6 @@ go through global memory and semaphores (`cluster_exchange`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax

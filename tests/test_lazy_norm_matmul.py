@@ -19,7 +19,7 @@ import pytest
 
 from jaxnorm.backends import mosaic_dense
 from jaxnorm.dispatch import Unsupported
-from pallas_kernels import _gemm_core as core
+from pallas_kernels import gemm_config
 from pallas_kernels import hardware
 from pallas_kernels import lazy_norm_matmul as lz
 from pallas_kernels import plain_matmul as pm
@@ -124,7 +124,7 @@ def test_row_statistics_of_the_output(kind, request):
     "m, config",
     [
         (1, None),  # decode, warpgroups split along M (few N tiles)
-        (16, core.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3)),  # decode, along N
+        (16, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3)),  # along N
         (100, None),  # rows padded to 104 for TMA
     ],
 )
@@ -186,8 +186,8 @@ def test_kernel_dtype_must_match_x():
 @pytest.mark.parametrize("ns", [(4096,), (6144,), (14336,), (4096, 1024, 1024)])
 def test_default_config_is_valid(m, ns):
     config = lz.default_config(m, 4096, ns)
-    core.check_shapes(jax.ShapeDtypeStruct((m, 4096), BF16),
+    gemm_config.check_shapes(jax.ShapeDtypeStruct((m, 4096), BF16),
                       [jax.ShapeDtypeStruct((4096, n), BF16) for n in ns], config)
-    assert core.smem_bytes(config, 2) <= hardware.SMEM_BYTES_PER_CTA
+    assert gemm_config.smem_bytes(config, 2) <= hardware.SMEM_BYTES_PER_CTA
     if m <= 64:
         assert config.tile_m == 64  # the decode config

@@ -297,7 +297,8 @@ def test_persistent_grid_stays_within_the_clusters_that_run_at_once():
     for m, n, cluster in ((8192, 2048, 8), (8192, 1024, 4), (8192, 512, 2)):
         config = pn.select_config(m, 4096, n, BF16, kind="rms", num_sms=132)
         assert config.cluster_n == cluster
-        assert config.grid_clusters == min(m // config.tile_m, hardware.resident_clusters(cluster, 132))
+        assert config.grid_clusters == min(m // config.tile_m,
+                                           hardware.resident_clusters(cluster, 132))
     assert hardware.resident_clusters(8, 132) == 15
     assert hardware.resident_clusters(8, 114) == 12  # elsewhere 7/8 of the SMs' worth
 

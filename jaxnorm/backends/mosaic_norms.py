@@ -16,7 +16,7 @@ from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import hardware, post_norm_matmul, row_norm
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.padding import crop_rows, pad_rows, round_up
+from pallas_kernels.padding import pad_rows, round_up
 
 Array = jax.Array
 
