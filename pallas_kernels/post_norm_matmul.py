@@ -1,6 +1,6 @@
 """Post-norm GEMM: Norm(x @ W + b [+ residual]) with the norm fused into the epilogue (Hopper+).
 
-DESIGN.md algebra 3. A norm over output rows needs whole rows, which are
+docs/design.md, the post-norm identity. A norm over output rows needs whole rows, which are
 wider than one CTA's tile, so a thread-block cluster of `cluster_n` CTAs
 covers whole rows: CTA r of the cluster owns columns [r * cta_n, (r + 1) *
 cta_n) of the same rows, its two MMA warpgroups one column half each (or,
@@ -8,10 +8,10 @@ with `split_rows`, one row half each, so a row has one partial per CTA).
 After the K-loop every warpgroup adds the bias (and residual), writes the
 pre-norm sum h, reduces its [tile_m, tile_n] part of h to per-row partial
 statistics, and the partials (not the tiles) are all-gathered across the
-cluster (`cluster_exchange`). Each warpgroup then normalizes its own tile in
-registers and writes y. HBM sees x and W once per row block, h and y once.
+cluster (`row_stats`). Each warpgroup then normalizes its own tile in
+registers and writes y (`post_norm_epilogue`). HBM sees x and W once per row block, h and y once.
 
-Partials are those of `row_norm` (float32): RMSNorm a sum of squares;
+Partials are those of `row_stats` (float32): RMSNorm a sum of squares;
 LayerNorm (shift, shifted mean, M2) with the warpgroup's own mean as shift,
 Chan-combined, so rows with |mean| >> std keep their digits.
 
@@ -33,8 +33,9 @@ pipeline the shared memory for its stages. h is written only when asked for
 With `transport="semaphore"` (GPU only) the CTAs that share a row are a group
 of the grid (axes "m" x "n") rather than a cluster, so rows of 4096 take
 128 x 256 CTA tiles in groups of 16 and every SM can work; the statistics then
-go through global memory and semaphores (`cluster_exchange`).
+go through global memory and semaphores (`row_stats`).
 `select_gpu_config` takes a group wherever it needs fewer rounds than clusters.
+Configs and selection: `post_norm_config`.
 """
 
 from __future__ import annotations
