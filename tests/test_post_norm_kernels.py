@@ -287,9 +287,8 @@ def test_wide_rows_and_float32_are_unsupported(rng):
     with pytest.raises(Unsupported, match="float32"):
         jaxnorm.dense_rms_norm(x.astype(F32), too_wide[:, :256].astype(F32), None, None,
                                impl="interpret")
-    # impl=None on a CPU uses xla.
-    y = jaxnorm.dense_rms_norm(x, too_wide, None, None)
-    assert y.shape == (64, 8192)
+    # impl=None serves it (xla on a CPU), judged against the float64 reference.
+    assert check_op("dense_rms_norm", None, x=x, kernel=too_wide, eps=1e-6) <= 1.0
 
 
 def test_persistent_grid_stays_within_the_clusters_that_run_at_once():

@@ -11,7 +11,8 @@ Three kinds of check, each over the six ops and the kernels' own variants:
 - repeatable: two calls on the same inputs are bitwise equal, and so are transports that
   combine the same partials in the same order (DSMEM clusters, grid groups, global scratch).
 Under SMOKE the GPU-only transports ("dsmem", "semaphore") are reported as skipped.
-ONLY=a,b runs the cases whose label contains a or b. Writes check_kernels.json under $OUT (default: a temporary folder); exits 1 on a failure.
+ONLY=a,b runs the cases whose label contains a or b. Writes check_kernels.json under
+$OUT (default: a temporary folder); exits 1 on a failure.
 """
 
 from __future__ import annotations
