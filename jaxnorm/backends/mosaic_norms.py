@@ -1,10 +1,11 @@
 """Mosaic GPU backends of the standalone norms and the post-norm dense ops.
 
 Thin adapters: pick a kernel config from the shape (the heuristics live with
-the kernels in `pallas_kernels`), turn "this shape is not served" into
-`Unsupported` so that dispatch can fall back to xla, and run the kernel
-compiled for the GPU or, with `interpret=True`, under the Pallas GPU
-interpreter with race detection.
+the kernels in `pallas_kernels`, which raise `Unsupported` for what they do not
+serve, so that dispatch can fall back to xla), pad rows to whole tiles, and run
+the kernel compiled for the GPU (`mosaic_device.on_gpu_only`: Unsupported with the
+reason anywhere else) or, with `interpret=True`, under the Pallas GPU interpreter
+with race detection.
 """
 
 from __future__ import annotations
