@@ -17,6 +17,8 @@ from typing import Any
 
 import jax
 
+from pallas_kernels import errors
+
 logger = logging.getLogger("jaxnorm")
 
 # Modules that register Mosaic GPU backends; imported on first use so that
@@ -29,8 +31,8 @@ _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
 _CHOICES: dict[str, tuple[str, str | None]] = {}
 
 
-class Unsupported(NotImplementedError):
-    """A backend cannot serve this call; the message says why (shape, dtype, device)."""
+# The kernels' own error: one class from pallas_kernels up to the user (jaxnorm.Unsupported).
+Unsupported = errors.Unsupported
 
 
 def register(op: str, impl: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

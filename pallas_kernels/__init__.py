@@ -7,9 +7,13 @@
   element; wide rows split across a thread-block cluster.
 - `post_norm_matmul`: Norm(x @ W + b [+ residual]) with a cluster covering whole
   output rows; only per-row statistics move between CTAs.
-- `cluster_exchange`: the one helper that all-gathers per-row partial
-  statistics in a cluster (DSMEM on the GPU, global scratch + cluster barrier
-  under the interpreter).
+- `row_stats`: the per-row partial statistics, their combine and their exchange
+  among the CTAs that share a row (DSMEM, global scratch, or grid semaphores).
+- `gemm_config` / `gemm_kernel`, `row_norm_config`, `post_norm_config` /
+  `post_norm_epilogue`: each kernel's knobs and selection apart from its kernel.
+- `hardware`: SM count, shared memory, cluster limits, the interpreter's caps.
+- `errors.Unsupported`: what every kernel raises for what it does not serve.
+- `padding`: rows padded to whole tiles and cropped, for kernels and backends.
 - `interpreter_flags`: the XLA:CPU flag the interpreter needs (set before jax
   computes anything).
 

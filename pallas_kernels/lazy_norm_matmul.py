@@ -8,39 +8,18 @@ r = rsqrt(mean(x^2) + eps), mu = mean(x), s = rsqrt(var(x) + eps), float32.
 The GEMM runs on X itself; the row scale (and the column-sum correction) is
 applied to the float32 accumulator in the epilogue, which writes x.dtype.
 
-Where the row statistics come from is the design question (on the MMA
-warpgroups they cost ~25%, shared/notes/h200-baselines.md):
-
-(a) outside the GEMM (`stats_warpgroup=False`, the default everywhere): one
-    float32 row reduction in XLA (`rms_row_scale` / `layer_norm_row_vectors`),
-    which fuses into whatever produced x; callers that have them pass them in.
-(b) inside, on a dedicated statistics warpgroup that reads each A tile beside
-    the MMA warpgroups (`TuningConfig.stats_warpgroup=True`).
-
-H200, bf16, CUPTI kernel time in us (tests/gpu/run_dense_gpu.py; "given" =
-row scale passed in, i.e. the statistic fused upstream; LN with c passed in):
-
-    M x K x N        XLA dot  plain  XLA rms  (a)     (a)given  (b)     XLA ln  LN(a)   LN(b)
-    2048x4096x6144    141.0   128.4   157.2   135.1   128.7     145.3   152.9   141.9   155.7
-    2048x4096x14336   343.9   301.0   364.6   306.1   301.5     339.5   356.8   313.5   363.2
-    8192x4096x6144    561.1   515.6   619.9   535.1   516.5     582.9   600.4   558.3   625.5
-    8192x4096x14336  1345.4  1209.3  1406.7  1231.4  1209.4    1371.8  1386.0  1252.7  1471.3
-    16x4096x6144       15.9    19.1    19.1    22.0    20.7      26.1    18.2    23.6    33.1
-    16x4096x14336      32.0    33.3    34.4    35.5    34.3      35.3    34.0    37.2    36.3
-
-(XLA rms / XLA ln: XLA's norm then dot. M=16 was measured with 64x128 CTA
-tiles; `default_config` now picks 128x64 tiles when N/128 < half the SMs.)
-
-So the epilogue row scale is free (given: 1.000-1.002x plain), the XLA
-statistics pass costs one read of x (1.017-1.052x plain, 0.84-0.88x XLA's
-norm + dot), and (b) costs 13% (`use_statistics_warpgroup`).
+The row statistics come from outside the GEMM: one float32 row reduction in
+XLA (`rms_row_scale` / `layer_norm_row_vectors`), which fuses into whatever
+produced x; callers that have them pass them in. On the H200 the epilogue row
+scale cost nothing over our plain GEMM and the statistics pass one read of x; a
+statistics warpgroup inside the GEMM measured slower and was removed
+(docs/mosaic-notes.md, removed variants).
 
 The gain when it is not folded (training, g learns): scaling whichever operand
 is smaller costs least. For M <= 2 * sum(N) x is scaled in the same XLA pass
 that reads x for the statistics (its write is the only extra traffic;
 measured +1-3% over the folded case); otherwise each weight is scaled once
-per call (W* = diag(g) W, 2 K N bytes against 2 M K N flops). Design (b)
-computes its statistics from the A tile, so it always scales the weights.
+per call (W* = diag(g) W, 2 K N bytes against 2 M K N flops).
 
 LayerNorm's mean correction needs c = 1^T W* and beta @ W: one float32 pass
 over the weights per call unless `col_sums` is passed (folded inference:
@@ -48,12 +27,10 @@ compute it once with `jaxnorm.fold.column_sums`). When that pass costs more
 than normalizing x outright (`prenormalize_is_cheaper`: small M), or when
 `prenormalize=True`, the kernel is fed the normalized x (XLA norm, then our
 GEMM). Cancellation: the epilogue subtracts (s mu) c from s (X @ W*), and
-X @ W* carries float32 accumulation error that grows with |mu| / std. On the
-H200 (M=256, K=4096, N=1024, bf16 rows with |mu|/std = 10, 100, 1000, 3000)
-the lazy result stayed within verify's tolerance (error/tolerance 0.32, 0.32,
-0.62, 0.34; prenormalized 0.32, 0.35, 0.52, 0.48). Rows whose bf16 values are
-all but constant (var ~ 0, s ~ 1/sqrt(eps)) amplify that error by s:
-`prenormalize=True` (the normalized x is centred) is the guard.
+X @ W* carries float32 accumulation error that grows with |mu| / std; measured
+within verify's tolerance up to |mu|/std = 3000 (docs/mosaic-notes.md). Rows whose
+bf16 values are all but constant (var ~ 0, s ~ 1/sqrt(eps)) amplify that error by
+s: `prenormalize=True` (the normalized x is centred) is the guard.
 """
 
 from __future__ import annotations
@@ -65,16 +42,16 @@ import jax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels import _gemm_core
-from pallas_kernels._gemm_core import (
+from pallas_kernels import gemm_kernel
+from pallas_kernels.gemm_config import (
     Epilogue,
     MatmulDimension,
-    RowStatistics,
     TuningConfig,
-    Unsupported,
+    check_shapes,
     default_config,
-    safe_rsqrt,
 )
+from pallas_kernels.errors import Unsupported
+from pallas_kernels.row_stats import safe_rsqrt
 
 __all__ = [
     "MatmulDimension",
@@ -85,7 +62,6 @@ __all__ = [
     "lazy_layer_norm_matmul",
     "lazy_rms_matmul",
     "rms_row_scale",
-    "use_statistics_warpgroup",
 ]
 
 Array = jax.Array
@@ -103,7 +79,7 @@ def _mean_and_inverse_std(x: Array, eps: float) -> tuple[Array, Array]:
     """(mu, s) per row, float32 [M], from shifted one-pass statistics.
 
     Each row is offset by the mean of its first 64 elements (an early estimate
-    of the mean, like the statistics warpgroup's) before its sum and sum of
+    of the mean) before its sum and sum of
     squares are taken, so the variance does not cancel when |mu| >> std.
     """
     x32 = x.astype(jnp.float32)
@@ -120,21 +96,6 @@ def layer_norm_row_vectors(x: Array, eps: float) -> tuple[Array, Array]:
     """(s, s * mu) per row, float32 [M]: the epilogue's row scale and row shift."""
     mu, s = _mean_and_inverse_std(x, eps)
     return s, s * mu
-
-
-def use_statistics_warpgroup(m: int, k: int, ns: Sequence[int]) -> bool:
-    """Design (b) (statistics warpgroup) or (a) (statistics outside): (a) at every shape.
-
-    H200, bf16, CUPTI kernel time over our plain GEMM of the same config
-    (tests/gpu/run_dense_gpu.py): (a) with the row scale passed in 1.000-1.002x,
-    (a) with its XLA statistics pass 1.017-1.052x (one extra read of x), (b)
-    1.128-1.134x at M = 2048 and 8192; at M = 16, (b) 26.1 us vs (a) 22.0 us
-    (N = 6144) and 35.3 vs 35.5 us (N = 14336). The fourth warpgroup costs the
-    MMA warpgroups registers (192 instead of 232) and adds a consumer every
-    A slot waits for; (a)'s extra read is the cheaper of the two.
-    """
-    del m, k, ns
-    return False
 
 
 def _gain(scale: Array | None, scale_offset: float) -> Array | None:
@@ -157,7 +118,7 @@ def _resolve_config(
     ns = [w.shape[1] for w in weights]
     if config is None:
         config = default_config(x.shape[0], x.shape[1], ns)
-    _gemm_core.check_shapes(x, weights, config)
+    check_shapes(x, weights, config)
     return config
 
 
@@ -186,7 +147,7 @@ def _run(
         vectors += _columns(col_sums, ns)
     if epilogue.col_bias:
         vectors += _columns(biases, ns)
-    results = _gemm_core.run(
+    results = gemm_kernel.run(
         x, weights, vectors, config=config, epilogue=epilogue, interpret=interpret
     )
     outs = tuple(results[: len(weights)])
@@ -226,29 +187,21 @@ def lazy_rms_matmul(
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     config = _resolve_config(x, weights, config)
     gain = _gain(scale, scale_offset)
-    if config.stats_warpgroup:
-        if row_scale is not None:
-            raise ValueError("row_scale is computed in-kernel with stats_warpgroup=True")
-        if gain is not None:
-            weights = _scale_weights(weights, gain)
-        epilogue = Epilogue(stats=RowStatistics.RMS, eps=eps)
-    else:
-        if gain is not None and x.shape[0] <= 2 * sum(w.shape[1] for w in weights):
-            # One pass over x yields both the statistic and the scaled operand.
-            if row_scale is None:
-                row_scale = rms_row_scale(x, eps)
-            x = (x.astype(jnp.float32) * gain).astype(x.dtype)
-        elif gain is not None:
-            weights = _scale_weights(weights, gain)
+    if gain is not None and x.shape[0] <= 2 * sum(w.shape[1] for w in weights):
+        # One pass over x yields both the statistic and the scaled operand.
         if row_scale is None:
             row_scale = rms_row_scale(x, eps)
-        epilogue = Epilogue(row_scale=True)
+        x = (x.astype(jnp.float32) * gain).astype(x.dtype)
+    elif gain is not None:
+        weights = _scale_weights(weights, gain)
+    if row_scale is None:
+        row_scale = rms_row_scale(x, eps)
     return _run(
         x,
         weights,
         config=config,
-        epilogue=epilogue,
-        row_scale=None if config.stats_warpgroup else row_scale,
+        epilogue=Epilogue(row_scale=True),
+        row_scale=row_scale,
         row_shift=None,
         col_sums=None,
         biases=biases,
@@ -299,15 +252,12 @@ def lazy_layer_norm_matmul(
         raise ValueError("col_sums are the folded weights': pass scale=None, one per weight")
     if prenormalize is None:
         prenormalize = (
-            not config.stats_warpgroup
-            and row_vectors is None
+            row_vectors is None
             and prenormalize_is_cheaper(
                 x.shape[0], ns, has_scale=gain is not None, has_col_sums=col_sums is not None
             )
         )
     if prenormalize:
-        if config.stats_warpgroup:
-            raise ValueError("prenormalize feeds normalized x: no statistics warpgroup to run")
         if row_vectors is not None:
             raise ValueError("prenormalize=True computes its own statistics; drop row_vectors")
         mu, s = _mean_and_inverse_std(x, eps)
@@ -339,21 +289,14 @@ def lazy_layer_norm_matmul(
             + (0.0 if b is None else b.astype(jnp.float32))
             for w, b in zip(weights, biases)
         )
-    if config.stats_warpgroup:
-        if row_vectors is not None:
-            raise ValueError("row_vectors are computed in-kernel with stats_warpgroup=True")
-        row_scale = row_shift = None
-        epilogue = Epilogue(col_sums=True, stats=RowStatistics.LAYER, eps=eps)
-    else:
-        row_scale, row_shift = (
-            row_vectors if row_vectors is not None else layer_norm_row_vectors(x, eps)
-        )
-        epilogue = Epilogue(row_scale=True, row_shift=True, col_sums=True)
+    row_scale, row_shift = (
+        row_vectors if row_vectors is not None else layer_norm_row_vectors(x, eps)
+    )
     return _run(
         x,
         folded,
         config=config,
-        epilogue=epilogue,
+        epilogue=Epilogue(row_scale=True, row_shift=True, col_sums=True),
         row_scale=row_scale,
         row_shift=row_shift,
         col_sums=col_sums,

@@ -2,16 +2,15 @@
 
 This is the baseline the benchmarks hold the fused kernels against ("<= 1.02x
 our plain GEMM of the same config"), so it shares every line of the pipeline
-with `lazy_norm_matmul` (pallas_kernels/_gemm_core.py).
+with `lazy_norm_matmul` (pallas_kernels/gemm_kernel.py).
 """
 
 from __future__ import annotations
 
 import jax
 
-from pallas_kernels import _gemm_core
-from pallas_kernels._gemm_core import TuningConfig
-from pallas_kernels._gemm_core import default_config
+from pallas_kernels import gemm_kernel
+from pallas_kernels.gemm_config import Epilogue, TuningConfig, default_config
 
 
 def plain_matmul(
@@ -20,8 +19,5 @@ def plain_matmul(
     """x @ w in x.dtype (bf16/f16, float32 accumulation); M >= 1, K and N multiples of 64."""
     if config is None:
         config = default_config(x.shape[0], x.shape[1], (w.shape[1],))
-    if config.stats_warpgroup:
-        raise ValueError("plain_matmul has no statistics warpgroup (config.stats_warpgroup=True)")
-    (y,) = _gemm_core.run(x, [w], [], config=config, epilogue=_gemm_core.Epilogue(),
-                          interpret=interpret)
+    (y,) = gemm_kernel.run(x, [w], [], config=config, epilogue=Epilogue(), interpret=interpret)
     return y

@@ -40,8 +40,7 @@ for name in "$@"; do
     gemm-c) bench gemm_8192x10240 130 --suite norm-gemm --norm rms --kn 8192x10240 ;;
     gemm-d) bench gemm_8192x57344 150 --suite norm-gemm --norm rms --kn 8192x57344 ;;
     post-norm)  # issue 6: kernel checks (clusters, groups), timings, verify, the bench suite
-      stage norms_gpu 330 env ONLY=post,post_semaphore,post_time OUT="$WORK" \
-        python3 tests/gpu_norms/run_norms_gpu.py
+      stage check_kernels 240 env OUT="$WORK" python3 bench/gpu/check_kernels.py
       stage verify_post 120 python3 -m verify --impl mosaic --examples 3 --max-k 2048 \
         --no-identities --ops dense_rms_norm dense_layer_norm
       bench post_norm 110 --suite post-norm --quick ;;

@@ -116,6 +116,40 @@ def check_post_norm_outputs(kind: str, y, h, **inputs) -> float:
     return max(_ratio(j) for j in judged)
 
 
+def check_outputs(op: str, outputs, **inputs) -> float:
+    """Worst error/tolerance of `op`'s outputs computed elsewhere (a kernel called directly)
+    from `inputs` as the op takes them: y for the norms, the tuple of outputs for the
+    pre-norm dense ops, (y, h) for the post-norm ones."""
+    x = np.asarray(inputs["x"])
+    eps, offset = inputs.get("eps", 1e-6), inputs.get("scale_offset", 0.0)
+    scale, nb = inputs.get("scale"), inputs.get("norm_bias")
+    if op in ("dense_rms_norm", "dense_layer_norm"):
+        y, h = outputs
+        return check_post_norm_outputs(op.removeprefix("dense_").removesuffix("_norm"), y, h,
+                                       **inputs)
+    if op == "rms_norm":
+        y64 = ref.rms_norm(x, scale, eps=eps, scale_offset=offset)
+        judged = [Judged("y", np.asarray(outputs), y64, tol.norm_tolerance(y64, y64, x.dtype))]
+    elif op == "layer_norm":
+        bias = inputs.get("bias")
+        y64 = ref.layer_norm(x, scale, bias, eps=eps, scale_offset=offset)
+        ntg = tol.centred_terms(ref.layer_normalized(x, eps)) * ref.gain(scale, offset, x.shape[-1])
+        t = tol.norm_tolerance(ntg, y64, x.dtype, bias=None if bias is None else f64(bias))
+        judged = [Judged("y", np.asarray(outputs), y64, t)]
+    elif op == "rms_norm_dense":
+        normed = ref.rms_norm(x, scale, eps=eps, scale_offset=offset)
+        judged = _dense_judged(op, x, normed, inputs["kernel"], inputs.get("bias"), outputs)
+    elif op == "layer_norm_dense":
+        normed = ref.layer_norm(x, scale, nb, eps=eps, scale_offset=offset)
+        centred = tol.centred_terms(ref.layer_normalized(x, eps)) * np.abs(
+            ref.gain(scale, offset, x.shape[-1])) + (0.0 if nb is None else np.abs(f64(nb)))
+        judged = _dense_judged(op, x, normed, inputs["kernel"], inputs.get("bias"), outputs,
+                               statistics_terms=centred)
+    else:
+        raise ValueError(f"unknown op {op!r}; known: {OPS}")
+    return max(_ratio(j) for j in judged)
+
+
 def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
     """Run `op` on `inputs` with `impl` and pair every output with reference and tolerance."""
     x = np.asarray(inputs["x"])

@@ -11,13 +11,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.dispatch import Unsupported, decline_automatic, register
+from jaxnorm.backends.mosaic_device import on_gpu_only
+from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import lazy_norm_matmul as lazy
+from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
 
 
-def _check(x: Array, kernels: tuple[Array, ...]) -> None:
+def _check(x: Array, kernels: tuple[Array, ...], op: str, interpret: bool) -> Array:
+    """x, checked (and guarded against running off a GPU unless interpreted)."""
     if x.dtype not in (jnp.bfloat16, jnp.float16):
         raise Unsupported(f"x dtype {x.dtype} not served by the Mosaic GEMM (bfloat16, float16)")
     if x.shape[0] == 0:
@@ -28,12 +31,13 @@ def _check(x: Array, kernels: tuple[Array, ...]) -> None:
                 f"kernel[{i}] dtype {w.dtype} differs from x dtype {x.dtype}; casting the "
                 "weights per call would copy them"
             )
+    return x if interpret else on_gpu_only(x, op)
 
 
 def _config(x: Array, kernels: tuple[Array, ...]) -> lazy.TuningConfig:
     m, k = x.shape
     ns = [w.shape[1] for w in kernels]
-    return lazy.default_config(m, k, ns, stats_warpgroup=lazy.use_statistics_warpgroup(m, k, ns))
+    return lazy.default_config(m, k, ns)
 
 
 @register("rms_norm_dense", "mosaic")
@@ -47,14 +51,11 @@ def rms_norm_dense(
     scale_offset: float,
     interpret: bool,
 ) -> tuple[Array, ...]:
-    _check(x, kernels)
-    try:
-        return lazy.lazy_rms_matmul(
-            x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
-            config=_config(x, kernels), interpret=interpret,
-        )
-    except lazy.Unsupported as reason:
-        raise Unsupported(str(reason)) from None
+    x = _check(x, kernels, "rms_norm_dense", interpret)
+    return lazy.lazy_rms_matmul(
+        x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
+        config=_config(x, kernels), interpret=interpret,
+    )
 
 
 @register("layer_norm_dense", "mosaic")
@@ -69,14 +70,11 @@ def layer_norm_dense(
     scale_offset: float,
     interpret: bool,
 ) -> tuple[Array, ...]:
-    _check(x, kernels)
-    try:
-        return lazy.lazy_layer_norm_matmul(
-            x, kernels, eps=eps, scale=scale, norm_bias=norm_bias, scale_offset=scale_offset,
-            biases=biases, config=_config(x, kernels), interpret=interpret,
-        )
-    except lazy.Unsupported as reason:
-        raise Unsupported(str(reason)) from None
+    x = _check(x, kernels, "layer_norm_dense", interpret)
+    return lazy.lazy_layer_norm_matmul(
+        x, kernels, eps=eps, scale=scale, norm_bias=norm_bias, scale_offset=scale_offset,
+        biases=biases, config=_config(x, kernels), interpret=interpret,
+    )
 
 
 # Where the lazy-norm kernel is not used automatically, from H200 measurements

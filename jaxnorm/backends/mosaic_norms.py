@@ -1,10 +1,11 @@
 """Mosaic GPU backends of the standalone norms and the post-norm dense ops.
 
 Thin adapters: pick a kernel config from the shape (the heuristics live with
-the kernels in `pallas_kernels`), turn "this shape is not served" into
-`Unsupported` so that dispatch can fall back to xla, and run the kernel
-compiled for the GPU or, with `interpret=True`, under the Pallas GPU
-interpreter with race detection.
+the kernels in `pallas_kernels`, which raise `Unsupported` for what they do not
+serve, so that dispatch can fall back to xla), pad rows to whole tiles, and run
+the kernel compiled for the GPU (`mosaic_device.on_gpu_only`: Unsupported with the
+reason anywhere else) or, with `interpret=True`, under the Pallas GPU interpreter
+with race detection.
 """
 
 from __future__ import annotations
@@ -12,25 +13,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.dispatch import Unsupported, decline_automatic, register
-from pallas_kernels import post_norm_matmul, row_norm
+from jaxnorm.backends.mosaic_device import on_gpu_only
+from jaxnorm.dispatch import decline_automatic, register
+from pallas_kernels import hardware, post_norm_matmul, row_norm
+from pallas_kernels.errors import Unsupported
+from pallas_kernels.padding import pad_rows, round_up
 
 Array = jax.Array
 
-# The interpreter has no SM count; plan as for the H200 so that a shape gets
-# the same kind of config on CPU as on the GPU.
-_INTERPRET_NUM_SMS = 132
-# The interpreter runs each CTA of a cluster as a thread whose work the XLA
-# CPU runtime schedules on a small pool; clusters wider than 2 CTAs were seen
-# to starve it and hang on 2-core machines. Kernels are the same, only the
-# split is narrower.
-_INTERPRET_MAX_CLUSTER = 2
-
 
 def _num_sms(interpret: bool) -> int:
-    if interpret:
-        return _INTERPRET_NUM_SMS
-    return jax.devices()[0].core_count
+    # The interpreter has no SM count: plan as for the H200, so that a shape gets the
+    # same kind of config on CPU as on the GPU.
+    return hardware.H200_SMS if interpret else hardware.num_sms()
+
+
+def _gpu_input(x: Array, op: str, interpret: bool) -> Array:
+    """x, guarded so that impl='mosaic' raises Unsupported where no GPU can run the kernel."""
+    return x if interpret else on_gpu_only(x, op)
 
 
 def _row_norm_config(m: int, k: int, dtype: jnp.dtype, interpret: bool) -> row_norm.RowNormConfig:
@@ -40,7 +40,7 @@ def _row_norm_config(m: int, k: int, dtype: jnp.dtype, interpret: bool) -> row_n
         dtype,
         num_sms=_num_sms(interpret),
         transport="global" if interpret else "dsmem",
-        max_cluster=_INTERPRET_MAX_CLUSTER if interpret else None,
+        max_cluster=hardware.INTERPRET_MAX_CLUSTER if interpret else None,
     )
 
 
@@ -62,17 +62,19 @@ def _run_row_norm(
     m, k = x.shape
     if m == 0:
         raise Unsupported("x has no rows")
+    op = "rms_norm" if kind == "rms" else "layer_norm"
     try:
         config = _row_norm_config(m, k, x.dtype, interpret)
-    except ValueError as reason:
-        padded_m = -(-m // _ROW_PAD) * _ROW_PAD
+    except Unsupported as reason:
+        padded_m = round_up(m, _ROW_PAD)
         if padded_m == m:
-            raise Unsupported(str(reason)) from None
+            raise
         try:
             config = _row_norm_config(padded_m, k, x.dtype, interpret)
-        except ValueError:
-            raise Unsupported(str(reason)) from None
-        x = jnp.pad(x, ((0, padded_m - m), (0, 0)))
+        except Unsupported:
+            raise reason from None
+        x = pad_rows(x, padded_m)
+    x = _gpu_input(x, op, interpret)
     y = row_norm.row_norm(
         x, scale, bias, kind=kind, eps=eps, scale_offset=scale_offset, config=config,
         interpret=interpret,
@@ -126,24 +128,20 @@ def _post_norm(
     for name, a in (("kernel", kernel), ("residual", residual)):
         if a is not None and a.dtype != x.dtype:
             raise Unsupported(f"{name} dtype {a.dtype} differs from x dtype {x.dtype}")
-    padded_m = -(-m // _POST_NORM_ROW_TILE) * _POST_NORM_ROW_TILE
-    try:
-        if interpret:
-            config = post_norm_matmul.select_config(
-                padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
-                transport="global",
-                max_cluster=_INTERPRET_MAX_CLUSTER, num_sms=_num_sms(interpret),
-            )
-        else:
-            config = post_norm_matmul.select_gpu_config(
-                padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
-                num_sms=_num_sms(interpret))
-    except ValueError as reason:
-        raise Unsupported(str(reason)) from None
-    if padded_m != m:
-        pad = ((0, padded_m - m), (0, 0))
-        x = jnp.pad(x, pad)
-        residual = None if residual is None else jnp.pad(residual, pad)
+    padded_m = round_up(m, _POST_NORM_ROW_TILE)
+    if interpret:
+        config = post_norm_matmul.select_config(
+            padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
+            transport="global",
+            max_cluster=hardware.INTERPRET_MAX_CLUSTER, num_sms=_num_sms(interpret),
+        )
+    else:
+        config = post_norm_matmul.select_gpu_config(
+            padded_m, k, n, x.dtype, kind=kind, residual=residual is not None,
+            num_sms=_num_sms(interpret))
+    x = _gpu_input(pad_rows(x, padded_m), "dense_rms_norm" if kind == "rms" else
+                   "dense_layer_norm", interpret)
+    residual = None if residual is None else pad_rows(residual, padded_m)
     y, h = post_norm_matmul.post_norm_matmul(
         x, kernel, bias, scale, norm_bias, residual, kind=kind, eps=eps, config=config,
         pre_norm_sum=pre_norm_sum, interpret=interpret,
@@ -186,7 +184,7 @@ def dense_layer_norm(
 
 # Measured on the H200 against the stock bfloat16 `norm(x @ w + b)` (what a user
 # writes without jaxnorm, and about what the xla path costs when h is not
-# returned), CUPTI, K = 4096, 2026-11-30 (tests/gpu_norms/h200_results.md):
+# returned), CUPTI, K = 4096, 2026-11-30 (docs/mosaic-notes.md, dispatch):
 # RMSNorm took 0.79-0.93x its time at M = 4096-8192 with N <= 2048 and 0.88-0.96x
 # at N = 4096 (with a residual 0.89-0.93x); LayerNorm with a residual 0.88-0.94x at
 # M = 8192, N = 1024-4096 (two calls). LayerNorm without a residual, or with fewer

@@ -1,99 +1,107 @@
-"""All-gather of per-row partial statistics among the CTAs of a thread-block cluster.
+"""Per-row statistics of a row split across CTAs: the partials, their combine, their exchange.
 
-DESIGN.md algebra 3: when a row is split across CTAs, each CTA (and each
-warpgroup inside it that owns part of the row) reduces its part to a few
-float32 numbers per row, the *partials*. Only those move; every party then
-holds every partial and combines them itself, so no second round trip is
-needed.
+docs/design.md, the statistics combine: when a row is split across CTAs, each CTA
+(and each warpgroup inside it that owns part of the row) reduces its part to a few
+float32 numbers per row, the *partials*: RMSNorm a sum of squares; LayerNorm
+(shift, shifted mean, M2), Chan-combined, so rows with |mean| >> std keep their
+digits. Only the partials move; every party then holds every partial and combines
+them itself (`combine_rms`, `combine_layer`), so no second round trip is needed.
 
-Three transports, one interface (`RowStatsExchange.all_gather`):
-
-- "dsmem" (the GPU path): each party *pushes* its partials into slot
-  [party index] of the `gathered` buffer of every CTA of the cluster with
-  remote stores (`plgpu.cluster_ref`), then arrives on every CTA's cluster
-  barrier. Pushing instead of pulling means that once a CTA's own barrier
-  completes nobody touches its shared memory again, so one barrier phase is
-  enough and no CTA can exit while a peer still reads from it.
-- "global" (what the Pallas GPU interpreter runs; it cannot run
-  `plgpu.cluster_ref`): each party stores its partials from registers into a
-  global scratch array, the cluster barrier orders the writes before the
-  reads, and every party reads its peers' partials straight from there.
-  There a row's partials lie side by side ([stat, row, partial]), so with 8,
-  16 or 32 of them a reader loads them as one [rows, partials] matrix in the
-  WGMMA layout and sums each row across the four threads that hold it
-  (`loads_as_matrix`), instead of every one of those threads loading every
-  partial (H200, rows of 4096: 32 loads per thread instead of 128; the
-  post-norm GEMM 0.4-7% faster).
-- "semaphore" (GPU only: the interpreter cannot allocate global semaphores):
-  the CTAs sharing a row block are a *group* of a persistent grid, not a
-  cluster, so they need not fit in one GPC (the H200 runs 15 clusters of 8 CTAs
-  at once, 120 of its 132 SMs, but 16 groups of 8). Partials go through global
-  scratch as with "global"; instead of a cluster barrier each party adds 1 to
-  its group's counter (`_signal_released`), a global semaphore that only
-  grows, and waits until it holds every party's signals of the round (polled
-  with plain loads): one atomic per party and round, where a semaphore per
-  party, decremented by its waiter, took one per peer and a compare-and-swap
-  (H200, one call: 381 vs 393 us at 8192 x 4096 x 4096, 404 vs 419 with a
-  residual). That counts on jax zero-filling global semaphores before every
-  call (jax 0.11.2 does, in a 0.6 us kernel: `pallas_call_registration`).
-  Every CTA of the grid must be resident at once (a waiting CTA holds its
-  SM): the kernels launch at most one CTA per SM.
-
-Memory ordering on the GPU: the cluster barrier's remote `mbarrier.arrive` is
-a release at CTA scope only, so a `fence.acq_rel.cluster` sits before each
-arrive and after each wait (`gpu_fences=True`). The semaphore transport
-synchronizes as CUDA's cooperative-groups grid barrier does: the warpgroup
-meets at a barrier, then one thread fences (fence.acq_rel.gpu) and signals;
-a waiter's one polling thread fences (acquire) once the count is reached and
-its warpgroup meets at a barrier before reading. The barriers carry the
-ordering to the other 127 threads, so none of them fences. (The one fence
-costs about what 128 did, 0.4-1 us per row block on the H200: a release waits
-for the stores to reach L2.) The interpreter models no fences, so they are
-emitted only when compiling for the GPU.
-
-Through global memory, partials move by plain stores from registers and plain
-loads (`plgpu.load(..., optimized=False)`: Mosaic's optimized transfers are to
-shared memory only), so there is no TMA round trip, no proxy fence and no
-shared-memory copy of the gathered partials: the 17-52 KiB per CTA that copy
-took now hold pipeline stages. On the H200 that was as fast as a TMA gather
-into shared memory at rows up to 2048 and 1.5-2% slower at rows of 4096 (16
-partials a row, then read one by one), and took the residual and LayerNorm
-cases from 32 x 5 or 64 x 2 stages to 64 x 3 (LayerNorm with a residual at
-8192 x 4096 x 4096: 594 to 488 us).
-
-DSMEM stores lower only with `LoweringSemantics.Lane` (the Warpgroup default
-of jax 0.11 rejects a store to a `cluster_ref`); the kernels here use Lane.
-
-With `row_split` the parties of a CTA own disjoint row ranges (the post-norm
-GEMM's stacked warpgroups): a row then has one partial per CTA, each party
-reads only its own rows' (`collect` returns a view of them) and, through
-semaphores, waits on a counter of its own.
-
-Persistent kernels exchange once per row block (`repeated=True`). With
-"dsmem" a peer may then push round r+1 into a buffer this CTA still reads for
-round r, so each party, once done reading, arrives on every CTA's `free`
-cluster barrier, and a party waits on its own `free` before pushing the next
-round (`Site.round_index`) and once more before the CTA exits
-(`finish`): no remote store or arrival can then reach a CTA that has moved on
-or exited. The wait is off the critical path: the arrivals happen right after
-a round's combine, a whole K-loop before the next push. With "global" and
-"semaphore" each row block has its own scratch slot, written once and read in
-place, so nothing more is needed.
+Three transports, one interface (`RowStatsExchange.all_gather`, or `publish` then
+`collect`): "dsmem" (the GPU path: each party pushes its partials into every CTA's
+shared memory with remote stores, then arrives on every CTA's cluster barrier),
+"global" (what the Pallas GPU interpreter runs: global scratch and the cluster
+barrier) and "semaphore" (GPU only: the CTAs sharing a row block are a group of a
+persistent grid, signalling a global counter). Memory ordering, the repeated
+exchanges of persistent kernels and why each transport is built as it is:
+docs/mosaic-notes.md, row-statistics exchange.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 
 Transport = Literal["dsmem", "global", "semaphore"]
+Kind = Literal["rms", "layer"]
+
+
+# ---------------------------------------------------------------- the statistics
+
+
+def safe_rsqrt(v: jax.Array) -> jax.Array:
+    """rsqrt(v) for v > 0, 0 for v == 0 (a zero row with eps = 0 gives zeros), NaN stays NaN."""
+    positive = v > 0
+    return jnp.where(positive, lax.rsqrt(jnp.where(positive, v, 1.0)), jnp.where(v != v, v, 0.0))
+
+
+def num_stats(kind: Kind) -> int:
+    """float32 numbers per row in one partial: a sum of squares, or (shift, mean, M2)."""
+    return 1 if kind == "rms" else 3
+
+
+def combine_rms(partial: Callable[[int, int], jax.Array], num_partials: int, k: int,
+                eps: float) -> jax.Array:
+    """rsqrt(mean(x^2) + eps) per row from partial sums of squares (stat 0)."""
+    total = partial(0, 0)
+    for p in range(1, num_partials):
+        total = total + partial(p, 0)
+    return safe_rsqrt(total * (1.0 / k) + eps)
+
+
+def combine_layer(
+    partial: Callable[[int, int], jax.Array], num_partials: int, count: int, eps: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(s_0, mu, 1/std) per row from Chan partials (shift, shifted mean, M2), `count` each.
+
+    The row mean is s_0 + mu; normalize as ((x - s_0) - mu) * inv_std.
+    """
+    shift0 = partial(0, 0)
+    means = [(partial(p, 0) - shift0) + partial(p, 1) for p in range(num_partials)]
+    mu = means[0]
+    for a in means[1:]:
+        mu = mu + a
+    mu = mu * (1.0 / num_partials)
+    m2 = partial(0, 2)
+    for p in range(1, num_partials):
+        m2 = m2 + partial(p, 2)
+    spread = (means[0] - mu) * (means[0] - mu)
+    for a in means[1:]:
+        spread = spread + (a - mu) * (a - mu)
+    m2 = m2 + spread * float(count)
+    return shift0, mu, safe_rsqrt(m2 * (1.0 / (count * num_partials)) + eps)
+
+
+def combine_rms_matrix(sums_of_squares: jax.Array, k: int, eps: float) -> jax.Array:
+    """combine_rms from a [rows, partials] matrix of partial sums of squares."""
+    return safe_rsqrt(jnp.sum(sums_of_squares, axis=1) * (1.0 / k) + eps)
+
+
+def combine_layer_matrix(
+    shift: jax.Array, mean_d: jax.Array, m2: jax.Array, count: int, eps: float,
+    along_rows: Callable[[jax.Array], jax.Array],
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """combine_layer from [rows, partials] matrices of Chan partials, `count` each; the
+    reference shift s_0 is the partials' mean shift. `along_rows` broadcasts a [rows]
+    vector to the matrices' shape (and layout)."""
+    parts = shift.shape[1]
+    shift0 = jnp.sum(shift, axis=1) * (1.0 / parts)
+    means = (shift - along_rows(shift0)) + mean_d
+    mu = jnp.sum(means, axis=1) * (1.0 / parts)
+    spread = means - along_rows(mu)
+    m2 = jnp.sum(m2, axis=1) + jnp.sum(spread * spread, axis=1) * float(count)
+    return shift0, mu, safe_rsqrt(m2 * (1.0 / (count * parts)) + eps)
+
+
+# ------------------------------------------------------------------ the exchange
 
 
 class ExchangeScratch(NamedTuple):

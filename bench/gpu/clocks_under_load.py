@@ -12,7 +12,7 @@ samples of the last 2/3 of each window are summarized (median). Steady-state
 time per call is the window's wall time over its calls. Reads only; it changes
 no setting of the card.
 
-    PYTHONPATH=. OUT=/tmp python3 tests/gpu_norms/clocks_under_load.py
+    PYTHONPATH=. OUT=/tmp python3 bench/gpu/clocks_under_load.py
 """
 
 from __future__ import annotations

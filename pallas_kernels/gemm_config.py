@@ -1,0 +1,206 @@
+"""The GEMM's tuning knobs, epilogue flags, shared-memory model and per-shape selection.
+
+`default_config` picks tiles and pipeline for a shape; `check_shapes` says what the
+kernel (`pallas_kernels.gemm_kernel`) does not serve. Measurements behind the picks:
+docs/mosaic-notes.md, lazy GEMM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import jax
+import jax.experimental.pallas as pl
+import jax.numpy as jnp
+
+from pallas_kernels import hardware
+from pallas_kernels.errors import Unsupported
+
+Array = jax.Array
+
+
+class MatmulDimension(enum.IntEnum):
+    M = 0
+    N = 1
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+    """Tile sizes and schedule of the GEMM (one compute warpgroup owns tile_m x tile_n).
+
+    The CTA tile doubles along `wg_dimension` (two MMA warpgroups).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    max_concurrent_steps: int = 4
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    grid_minor_dim: MatmulDimension = MatmulDimension.N
+    grid_tile_width: int = 1
+    wg_dimension: MatmulDimension = MatmulDimension.N
+
+    @property
+    def cta_tile_m(self) -> int:
+        return self.tile_m * (2 if self.wg_dimension == MatmulDimension.M else 1)
+
+    @property
+    def cta_tile_n(self) -> int:
+        return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What the epilogue applies to acc = X @ W (all float32, then cast to the output dtype).
+
+        y = row_scale[:, None] * acc - row_shift[:, None] * col_sums[None, :] + col_bias[None, :]
+
+    Row vectors are inputs (statistics computed outside the GEMM). `row_stats_out`
+    also writes per-row partial (sum, sum of squares) of y over each warpgroup's
+    tile_n columns.
+    """
+
+    row_scale: bool = False
+    row_shift: bool = False
+    col_sums: bool = False
+    col_bias: bool = False
+    row_stats_out: bool = False
+
+    def __post_init__(self) -> None:
+        if self.row_shift != self.col_sums:
+            raise ValueError("a row shift (s * mean(x)) and col_sums (1^T W*) come together")
+
+
+def check_shapes(
+    x: jax.ShapeDtypeStruct | Array,
+    weights: Sequence[jax.ShapeDtypeStruct | Array],
+    config: TuningConfig,
+) -> None:
+    """Raise Unsupported naming the dimension and the tile it must divide (what we do not serve)."""
+    if x.ndim != 2:
+        raise Unsupported(f"x must be 2-D [M, K]; got shape {x.shape}")
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        raise Unsupported(f"x dtype {x.dtype} not served (bfloat16 and float16 only)")
+    m, k = x.shape
+    if m < 1:
+        raise Unsupported(f"M={m} must be >= 1")
+    if not weights:
+        raise Unsupported("at least one weight matrix is needed")
+    if k % config.tile_k:
+        raise Unsupported(f"K={k} must be a multiple of tile_k={config.tile_k}")
+    for i, w in enumerate(weights):
+        if w.ndim != 2 or w.shape[0] != k:
+            raise Unsupported(f"weight[{i}] must be [K={k}, N]; got {w.shape}")
+        if w.dtype != x.dtype:
+            raise Unsupported(f"weight[{i}] dtype {w.dtype} differs from x dtype {x.dtype}")
+        if w.shape[1] % 64:
+            raise Unsupported(
+                f"weight[{i}] N={w.shape[1]} must be a multiple of 64 (TMA row of the output tile)"
+            )
+    if config.tile_m not in (64, 128):
+        raise Unsupported(f"tile_m={config.tile_m} must be 64 or 128 (wgmma M per warpgroup)")
+    if config.tile_m % config.epi_tile_m:
+        raise Unsupported(
+            f"tile_m={config.tile_m} must be a multiple of epi_tile_m={config.epi_tile_m}"
+        )
+    if config.tile_n % config.epi_tile_n:
+        raise Unsupported(
+            f"tile_n={config.tile_n} must be a multiple of epi_tile_n={config.epi_tile_n}"
+        )
+    if config.tile_n % 64 or config.tile_n > 256:
+        raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
+
+
+# Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
+# more). A model: only the 128x256 CTA tile (128x128 per warpgroup, 4 stages,
+# ~800 TFLOP/s at M >= 2048 on the H200) and the decode tiles were measured.
+_CANDIDATES = (
+    # (tile_m, tile_n, wg_dimension, relative efficiency)
+    (128, 128, MatmulDimension.N, 1.0),
+    (128, 64, MatmulDimension.N, 0.9),
+    (64, 128, MatmulDimension.N, 0.8),
+    (64, 64, MatmulDimension.N, 0.7),
+)
+
+
+def smem_bytes(config: TuningConfig, itemsize: int) -> int:
+    """Upper bound of the kernel's SMEM: pipeline slots, output staging, and the
+    largest set of epilogue vectors (row scale and shift, column sums and
+    bias, row statistics out), plus barriers. (The vectors' term still counts the rows of the
+    retired statistics warpgroup: the bound, and so every pick, is as measured.)"""
+    stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * itemsize
+    out = 2 * 2 * config.epi_tile_m * config.epi_tile_n * itemsize
+    vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
+                   + 2 * 2 * config.tile_m)
+    return stage * config.max_concurrent_steps + out + vectors + 512
+
+
+def _fit_smem(config: TuningConfig, itemsize: int, max_steps: int) -> TuningConfig:
+    """The deepest pipeline (<= max_steps) that fits; a narrower output staging tile
+    first, when that is what keeps 4 stages."""
+    for epi_n in (config.epi_tile_n, config.epi_tile_n // 2):
+        for steps in range(max_steps, 3, -1):
+            fitted = dataclasses.replace(config, max_concurrent_steps=steps, epi_tile_n=epi_n)
+            if smem_bytes(fitted, itemsize) <= hardware.SMEM_BYTES_PER_CTA:
+                return fitted
+    return dataclasses.replace(config, max_concurrent_steps=3)
+
+
+def default_config(
+    m: int,
+    k: int,
+    ns: Sequence[int],
+    *,
+    sms: int = hardware.H200_SMS,
+    itemsize: int = 2,
+) -> TuningConfig:
+    """Tiles per shape: a decode config for M <= 64, else the CTA tile that best fills the SMs.
+
+    Decode (M <= 64) streams the weights: 64x64 warpgroup tiles (more CTAs
+    pulling weights at once), the deepest pipeline that fits.
+    Prefill: among the candidate tiles, the one with the least modelled time
+    (waves of `sms` CTAs times tile area over its relative efficiency).
+    The grid walks 8-M-tile strips across N so a wave's A and B tiles stay in
+    L2 (measured faster than N-tile columns: docs/mosaic-notes.md, lazy GEMM).
+    """
+    del k  # K only sets the trip count of the K-loop.
+    if m <= 64:
+        # 64x128 CTA tiles; when those leave more than half the SMs idle, 128x64
+        # ones (the second warpgroup's rows are past M: its wgmma is idle tensor
+        # time, but twice the CTAs stream weights; docs/mosaic-notes.md, lazy GEMM).
+        wide_tiles = sum(pl.cdiv(n, 128) for n in ns)
+        wg_dim = MatmulDimension.M if wide_tiles < sms // 2 else MatmulDimension.N
+        config = TuningConfig(tile_m=64, tile_n=64, wg_dimension=wg_dim)
+        return _fit_smem(config, itemsize, max_steps=8)
+    best, best_time = None, float("inf")
+    for tile_m, tile_n, wg_dim, efficiency in _CANDIDATES:
+        config = TuningConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg_dim)
+        tiles = pl.cdiv(m, config.cta_tile_m) * sum(pl.cdiv(n, config.cta_tile_n) for n in ns)
+        time = pl.cdiv(tiles, sms) * config.cta_tile_m * config.cta_tile_n / efficiency
+        if time < best_time:
+            best, best_time = config, time
+    assert best is not None
+    return dataclasses.replace(
+        _fit_smem(best, itemsize, max_steps=6),
+        grid_minor_dim=MatmulDimension.M,
+        grid_tile_width=min(8, pl.cdiv(m, best.cta_tile_m)),
+    )
+
+
+# TMA moves the row dimension of x and of the outputs in 8-row tiles (the
+# swizzled SMEM layout wgmma needs), so a GMEM row count above 8 must be a
+# multiple of 8; other M are padded (a copy of x and of the outputs, M*K and M*N).
+TMA_ROW_TILE = 8
+
+
+def padded_rows(m: int) -> int:
+    return m if m <= TMA_ROW_TILE else pl.cdiv(m, TMA_ROW_TILE) * TMA_ROW_TILE

@@ -1,0 +1,409 @@
+"""The warp-specialized persistent Hopper GEMM shared by `plain_matmul` and `lazy_norm_matmul`.
+
+Shape of the kernel (after jax's `ops/gpu/hopper_matmul_mgpu.py`, with its own
+pipeline so that one launch can serve several weight matrices):
+
+    warpgroup 0, 1   MMA: wait `produced[slot]`, wgmma, arrive `consumed[slot]`;
+                     after the K-loop the epilogue (row scale, column-sum
+                     correction, bias, optional row statistics of Y) writes
+                     x.dtype through SMEM and TMA, then arrives `vec_free`
+                     for the tile's vectors.
+    warpgroup 2      memory: per tile, wait `vec_free` (two tiles back) and TMA
+                     the epilogue vectors (row scale/shift, column sums, bias)
+                     into SMEM, arriving on `vec_ready`; per K step, wait
+                     `consumed[slot]` and TMA the next A and B tiles into
+                     `slot`, arriving on `produced[slot]`.
+
+Every hand-off is an mbarrier; every SMEM buffer read by generic loads and
+then refilled by TMA is released only after `commit_smem` (the proxy fence).
+The interpreter's race detector runs the kernel (tests/test_lazy_norm_matmul.py).
+
+The grid is persistent (one CTA per SM); tiles are (M tile, N tile) pairs over
+the concatenated N of all weights, so [wq, wk, wv] cost one launch and no copy.
+A global step counter runs across tiles, so the TMA producer never drains the
+pipeline between tiles. TMA zero-fills out-of-bounds rows and columns on load
+and drops them on store, so M and the vectors need no padding to whole tiles
+(only to 8 rows, see `TMA_ROW_TILE`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels import hardware
+from pallas_kernels.gemm_config import (Epilogue, MatmulDimension, TuningConfig, check_shapes,
+                                        padded_rows)
+from pallas_kernels.padding import crop_rows, pad_rows
+
+Array = jax.Array
+
+
+def grid_ctas(interpret: bool) -> int:
+    """CTAs of the persistent grid at most: one per SM (a few under the interpreter)."""
+    return hardware.INTERPRET_GRID_CTAS if interpret else hardware.num_sms()
+
+
+def _n_tiles(weights: Sequence[jax.ShapeDtypeStruct | Array], cta_tile_n: int) -> list[int]:
+    return [pl.cdiv(w.shape[1], cta_tile_n) for w in weights]
+
+
+def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
+    """SMEM tile with the widest swizzle that `width` columns allow (what wgmma and TMA want)."""
+    swizzle = plgpu.find_swizzle(width * jnp.dtype(dtype).itemsize * 8)
+    swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(
+        shape,
+        dtype,
+        transforms=(plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle)),
+    )
+
+
+def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n_tiles: list[int]):
+    refs = list(refs)
+    x_gmem = refs.pop(0)
+    w_gmems = [refs.pop(0) for _ in range(num_weights)]
+    # Vectors the memory warpgroup stages into SMEM for each tile's epilogue.
+    row_names = [n for n in ("row_scale", "row_shift") if getattr(epilogue, n)]
+    col_names = [n for n in ("col_sums", "col_bias") if getattr(epilogue, n)]
+    row_gmems = {n: refs.pop(0) for n in row_names}
+    # One column vector per weight: no per-call concatenation.
+    col_gmems = {n: [refs.pop(0) for _ in range(num_weights)] for n in col_names}
+    out_gmems = [refs.pop(0) for _ in range(num_weights)]
+    stats_out_gmems = (refs.pop(0), refs.pop(0)) if epilogue.row_stats_out else None
+    assert not refs, refs
+
+    dtype = x_gmem.dtype
+    out_dtype = out_gmems[0].dtype
+    m, k = x_gmem.shape
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    cta_tile_m, cta_tile_n = config.cta_tile_m, config.cta_tile_n
+    epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+    m_iters = pl.cdiv(m, cta_tile_m)
+    k_iters = k // tile_k
+    n_iters = sum(n_tiles)
+    n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
+    steps = config.max_concurrent_steps
+    num_mma_wgs, memory_wg = 2, 2
+    num_vectors = len(row_names) + len(col_names)
+    wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
+
+    def tile_coords(lin_idx):
+        return plgpu.planar_snake(
+            lin_idx, (m_iters, n_iters), config.grid_minor_dim, config.grid_tile_width
+        )
+
+    def for_weight(n_idx, fn):
+        """Run fn(weight index, local N tile) for the weight that owns global N tile n_idx."""
+        if num_weights == 1:
+            fn(0, n_idx)
+            return
+        for i in range(num_weights):
+            lo, hi = n_starts[i], n_starts[i] + n_tiles[i]
+            pl.when((n_idx >= lo) & (n_idx < hi))(functools.partial(fn, i, n_idx - lo))
+
+    scratch = dict(
+        a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
+        # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
+        b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
+        out_smem=_swizzled((num_mma_wgs, 2, epi_m, epi_n), out_dtype, epi_n),
+        # Two TMA copies (A and B) arrive on each produced barrier.
+        produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+        consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
+    )
+    if num_vectors:
+        # Epilogue vectors of a tile, double-buffered by the CTA's tile parity.
+        scratch["row_smem"] = plgpu.SMEM((2, max(len(row_names), 1), cta_tile_m), jnp.float32)
+        scratch["col_smem"] = plgpu.SMEM((2, max(len(col_names), 1), cta_tile_n), jnp.float32)
+        scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
+        scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
+    if stats_out_gmems is not None:
+        scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
+
+    def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
+             vec_ready=None, vec_free=None, stats_out_smem=None):
+        wg_idx = lax.axis_index("wg")
+
+        def memory_warpgroup():
+            plgpu.set_max_registers(40, action="decrease")
+
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            def total_steps(loop_info, carry):
+                m_idx, n_idx = tile_coords(loop_info.index[0])
+                if num_vectors:
+                    parity = lax.rem(loop_info.local_index, 2)
+
+                    # The MMA warpgroups must be done with what this buffer held two tiles ago.
+                    @pl.when(loop_info.local_index >= 2)
+                    def _():
+                        plgpu.barrier_wait(vec_free.at[parity])
+
+                    # Vectors are not padded: TMA zero-fills past M (or N_i).
+                    for j, name in enumerate(row_names):
+                        plgpu.copy_gmem_to_smem(
+                            row_gmems[name].at[pl.ds(m_idx * cta_tile_m, cta_tile_m)],
+                            row_smem.at[parity, j],
+                            vec_ready.at[parity],
+                        )
+
+                    def load_columns(i, local_n):
+                        for j, name in enumerate(col_names):
+                            plgpu.copy_gmem_to_smem(
+                                col_gmems[name][i].at[pl.ds(local_n * cta_tile_n, cta_tile_n)],
+                                col_smem.at[parity, j],
+                                vec_ready.at[parity],
+                            )
+
+                    for_weight(n_idx, load_columns)
+
+                def issue(i, local_n):
+                    @pl.loop(0, k_iters)
+                    def _k(ki):
+                        step = carry + ki
+                        slot = lax.rem(step, steps)
+
+                        # The slot is free once every consumer of its previous
+                        # fill has arrived (the first `steps` fills need no wait).
+                        @pl.when(step >= steps)
+                        def _():
+                            plgpu.barrier_wait(consumed.at[slot])
+
+                        k_slice = pl.ds(ki * tile_k, tile_k)
+                        plgpu.copy_gmem_to_smem(
+                            x_gmem.at[pl.ds(m_idx * cta_tile_m, cta_tile_m), k_slice],
+                            a_smem.at[slot],
+                            produced.at[slot],
+                        )
+                        plgpu.copy_gmem_to_smem(
+                            w_gmems[i].at[k_slice, pl.ds(local_n * cta_tile_n, cta_tile_n)],
+                            b_smem.at[slot],
+                            produced.at[slot],
+                        )
+
+                for_weight(n_idx, issue)
+                return carry + k_iters
+
+            # Observe the consumers' last releases so that no barrier phase is
+            # left unobserved when the CTA exits.
+            @pl.loop(jnp.maximum(total_steps - steps, 0), total_steps)
+            def _drain(step):
+                plgpu.barrier_wait(consumed.at[lax.rem(step, steps)])
+
+            if num_vectors:
+                local_tiles = total_steps // k_iters
+
+                @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
+                def _drain_vectors(t):
+                    plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
+
+        def mma_warpgroup():
+            # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
+            plgpu.set_max_registers(232, action="increase")
+            if config.wg_dimension == MatmulDimension.M:
+                wg_m0, wg_n0 = wg_idx * tile_m, 0
+            else:
+                wg_m0, wg_n0 = 0, wg_idx * tile_n
+
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            def _tiles(loop_info, carry):
+                m_idx, n_idx = tile_coords(loop_info.index[0])
+                parity = lax.rem(loop_info.local_index, 2)
+
+                def k_loop(acc_ref):
+                    def step_fn(ki, acc_ref):
+                        slot = lax.rem(carry + ki, steps)
+                        plgpu.barrier_wait(produced.at[slot])
+                        plgpu.wgmma(
+                            acc_ref,
+                            a_smem.at[slot, pl.ds(wg_m0, tile_m)],
+                            b_smem.at[slot, :, pl.ds(wg_n0, tile_n)],
+                        )
+                        # The slot may be refilled only after the wgmma reading it is done.
+                        plgpu.wgmma_wait(0)
+                        plgpu.barrier_arrive(consumed.at[slot])
+                        return acc_ref
+
+                    lax.fori_loop(0, k_iters, step_fn, acc_ref)
+                    return acc_ref[...]
+
+                acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
+
+                rows = pl.ds(wg_m0, tile_m)
+                cols = pl.ds(wg_n0, tile_n)
+                vectors = {}
+                if num_vectors:
+                    plgpu.barrier_wait(vec_ready.at[parity])
+                    for j, name in enumerate(row_names):
+                        vectors[name] = row_smem.at[parity, j, rows]
+                    for j, name in enumerate(col_names):
+                        vectors[name] = col_smem.at[parity, j, cols]
+
+                def store(src, r, c):
+                    def copy(i, local_n):
+                        plgpu.copy_smem_to_gmem(
+                            src,
+                            out_gmems[i].at[
+                                pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
+                                pl.ds(local_n * cta_tile_n + wg_n0 + c, epi_n),
+                            ],
+                        )
+
+                    for_weight(n_idx, copy)
+
+                row_stats = None
+                if stats_out_gmems is not None:
+                    part = n_idx * wg_parts + (wg_idx if wg_parts == 2 else 0)
+                    row_stats = (
+                        stats_out_smem.at[wg_idx],
+                        [g.at[part, pl.ds(m_idx * cta_tile_m + wg_m0, tile_m)]
+                         for g in stats_out_gmems],
+                    )
+                _epilogue(
+                    acc,
+                    wg_idx=wg_idx,
+                    out_smem=out_smem,
+                    store=store,
+                    vectors=vectors,
+                    row_stats=row_stats,
+                    config=config,
+                    out_dtype=out_dtype,
+                )
+                # Release this tile's vectors; the fence orders the reads above
+                # before the TMA writes that will refill the buffer.
+                if num_vectors:
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(vec_free.at[parity])
+                return carry + k_iters
+
+        lax.cond(wg_idx == memory_wg, memory_warpgroup, mma_warpgroup)
+        # Await all output copies before the CTA exits.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    pl.run_scoped(body, **scratch, collective_axes="wg")
+
+
+def _epilogue(
+    acc: Array,
+    *,
+    wg_idx,
+    out_smem,
+    store,
+    vectors: dict,
+    row_stats,
+    config: TuningConfig,
+    out_dtype,
+) -> None:
+    """y = scale * acc - shift * c + b on one warpgroup's tile, stored in (epi_m x epi_n) pieces.
+
+    `vectors` maps row_scale/row_shift ([tile_m]) and col_sums/col_bias
+    ([tile_n]) to SMEM refs; `row_stats` is (SMEM [2, tile_m], GMEM
+    destinations) for the per-row (sum, sum of squares) of y.
+    """
+    tile_m, tile_n = config.tile_m, config.tile_n
+    epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    n_pieces = tile_n // epi_n
+    # Drain any store still reading out_smem (or the row statistics) from the previous tile.
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    for mi in range(tile_m // epi_m):
+        rows = slice(mi * epi_m, (mi + 1) * epi_m)
+
+        def row_vector(name):
+            ref = vectors.get(name)
+            return None if ref is None else plgpu.load(ref.at[rows], layout=row_layout)
+
+        scale, shift = row_vector("row_scale"), row_vector("row_shift")
+        row_sum = row_sumsq = None
+        for ni in range(n_pieces):
+            cols = slice(ni * epi_n, (ni + 1) * epi_n)
+            y = acc[rows, cols]
+            if scale is not None:
+                y = y * lax.broadcast_in_dim(scale, y.shape, [0])
+            if shift is not None:
+                c = plgpu.load(vectors["col_sums"].at[cols], layout=col_layout)
+                y = y - (lax.broadcast_in_dim(shift, y.shape, [0])
+                         * lax.broadcast_in_dim(c, y.shape, [1]))
+            if "col_bias" in vectors:
+                b = plgpu.load(vectors["col_bias"].at[cols], layout=col_layout)
+                y = y + lax.broadcast_in_dim(b, y.shape, [1])
+            if row_stats is not None:
+                part_sum, part_sumsq = jnp.sum(y, axis=1), jnp.sum(y * y, axis=1)
+                row_sum = part_sum if row_sum is None else row_sum + part_sum
+                row_sumsq = part_sumsq if row_sumsq is None else row_sumsq + part_sumsq
+            slot = (mi * n_pieces + ni) % 2
+            # The store issued two pieces ago read this slot; wait until it has.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[wg_idx, slot] = y.astype(out_dtype)
+            # Make the generic-proxy SMEM writes visible to the TMA engine.
+            plgpu.commit_smem()
+            store(out_smem.at[wg_idx, slot], mi * epi_m, ni * epi_n)
+        if row_stats is not None:
+            row_stats[0].at[0, rows][...] = row_sum
+            row_stats[0].at[1, rows][...] = row_sumsq
+    if row_stats is not None:
+        plgpu.commit_smem()
+        for j in range(2):
+            plgpu.copy_smem_to_gmem(row_stats[0].at[j], row_stats[1][j])
+
+
+def run(
+    x: Array,
+    weights: Sequence[Array],
+    vectors: Sequence[Array],
+    *,
+    config: TuningConfig,
+    epilogue: Epilogue,
+    interpret: bool,
+) -> tuple[Array, ...]:
+    """Run the kernel: (x, *weights, *vectors) -> (*outputs[, row_sum, row_sumsq]).
+
+    vectors: float32, in this order, those the epilogue uses: row_scale [M],
+    row_shift [M], col_sums [N_i] for every weight, col_bias [N_i] for every weight.
+    """
+    check_shapes(x, weights, config)
+    m = x.shape[0]
+    m_rows = padded_rows(m)
+    x = pad_rows(x, m_rows)
+    results = _build(x, weights, config=config, epilogue=epilogue, interpret=interpret)(
+        x, *weights, *vectors
+    )
+    outs = tuple(crop_rows(y, m) for y in results[: len(weights)])
+    return outs + tuple(results[len(weights):])
+
+
+def _build(
+    x: Array,
+    weights: Sequence[Array],
+    *,
+    config: TuningConfig,
+    epilogue: Epilogue,
+    interpret: bool,
+):
+    m, _ = x.shape
+    n_tiles = _n_tiles(weights, config.cta_tile_n)
+    out_types = [jax.ShapeDtypeStruct((m, w.shape[1]), x.dtype) for w in weights]
+    if epilogue.row_stats_out:
+        parts = sum(n_tiles) * (config.cta_tile_n // config.tile_n)
+        m_pad = pl.cdiv(m, config.cta_tile_m) * config.cta_tile_m
+        out_types += [jax.ShapeDtypeStruct((parts, m_pad), jnp.float32)] * 2
+    tiles = pl.cdiv(m, config.cta_tile_m) * sum(n_tiles)
+    interpret_params = plgpu.InterpretGPUParams(detect_races=True) if interpret else None
+    return plgpu.kernel(
+        functools.partial(
+            _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles
+        ),
+        out_type=tuple(out_types),
+        grid=(min(grid_ctas(interpret), tiles),),
+        grid_names=("sm",),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params,
+    )

@@ -1,0 +1,35 @@
+"""bench/gpu/check_kernels.py's CPU mode (SMOKE=1: the interpreter at small sizes) runs, judges
+and reports: a few of its cases, one per kind of kernel and check, must pass, and the JSON
+report must hold exactly those rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# One pre-norm GEMM op, one standalone norm, one post-norm op with a residual, and the
+# kernel-level transport and GEMM-variant checks.
+ONLY = ["rms_norm 4x2048", "dense_rms_norm 64x64x256", "row_norm rms",
+        "post_norm rms 128x64x512", "lazy GEMM", "layer_norm_dense 16x128x128"]
+
+
+def test_smoke_mode_passes_and_reports(tmp_path):
+    env = {**os.environ, "SMOKE": "1", "OUT": str(tmp_path), "ONLY": ",".join(ONLY),
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "bench/gpu/check_kernels.py")], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "check_kernels.json").read_text())
+    assert report["smoke"] and report["impl"] == "interpret"
+    rows = report["rows"]
+    statuses = {(r["check"], r["case"]): r["status"] for r in rows}
+    # Every selected op case ran all three checks; each passed or (GPU-only) was skipped.
+    for check in ("correct", "NaN isolated", "repeatable"):
+        assert any(c == check and s == "pass" for (c, _), s in statuses.items()), check
+    assert all(s in ("pass", "skip") for s in statuses.values()), statuses
+    assert all(any(w in f"{c} {case}" for w in ONLY) for c, case in statuses)
+    assert len(rows) == 3 * 3 + 3, sorted(statuses)  # three op cases, three kernel cases
