@@ -80,7 +80,7 @@ def layer_norm_dense(
 # Where the lazy-norm kernel is not used automatically, from H200 measurements
 # (CUPTI kernel time, bf16, against the stock norm then one dot per weight):
 # - M <= 16, and M <= 512 with N <= 10240 in total: 1.06-1.97x the stock time
-#   (bench/results/h200-2026-11-29, decode);
+#   (bench/results/2026-11-29-norm-gemm);
 # - N > 8192 in total: the GEMM dominates and the kernel's mainloop runs
 #   1.04-1.09x cuBLAS, more than the norm's saving: 8192x2048x(8192+8192) took
 #   738 us against 695 us, while 8192x2048x(2048+512+512) took 155 against 192
