@@ -40,6 +40,10 @@ from jaxnorm import models
 VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
 DECODE_CACHE = 4096
 DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
+# How by_class_us and top_kernels are computed (JSON written before this field existed
+# summed the first 1/copies of the kernel list, which is not one call: XLA interleaves
+# the rotated copies' kernels).
+BREAKDOWN = "every copy's kernels, each divided by the copy count"
 
 
 @dataclass(frozen=True)
@@ -324,13 +328,19 @@ def summary_line(cell: Cell) -> str:
 
 
 def to_json(cells: list[Cell]) -> dict:
-    return {"cells": [dataclasses.asdict(c) for c in cells], "variants": VARIANTS,
-            "decode_steps_per_call": DECODE_STEPS, "jax": jax.__version__,
+    return {"suite": "model", "cells": [dataclasses.asdict(c) for c in cells],
+            "variants": VARIANTS, "decode_steps_per_call": DECODE_STEPS,
+            "breakdown": BREAKDOWN, "jax": jax.__version__,
             "devices": [d.device_kind for d in jax.devices()]}
 
 
-def to_markdown(cells: list[Cell]) -> str:
-    """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap."""
+def from_json(payload: dict) -> list[Cell]:
+    return [Cell(**cell) for cell in payload["cells"]]
+
+
+def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
+    """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap;
+    then, with `breakdown`, time by kernel class."""
     lines = [
         "| model | phase | shape | metric | stock | jaxnorm | flashified | norm-free | "
         "jaxnorm/stock (rounds) | gap closed (rounds) |",
@@ -355,6 +365,8 @@ def to_markdown(cells: list[Cell]) -> str:
                 f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
                 + " | ".join(fmt(med[v]) for v in VARIANTS)
                 + f" | {ratios} | {', '.join(gaps) if metric != 'kernels' else ''} |")
+    if not breakdown:
+        return "\n".join(lines) + "\n"
     lines += ["", "Time by kernel class, round 1 (us per step):", "",
               "| model | phase | variant | " + " | ".join(c for c, _ in KERNEL_CLASSES)
               + " | other |", "|---|---|---|" + "---:|" * (len(KERNEL_CLASSES) + 1)]

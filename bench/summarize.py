@@ -121,6 +121,11 @@ def _json_section(payload: Any) -> list[str]:
     """Tables for one JSON file: a bench suite, GPU-script sections of items, or records."""
     if isinstance(payload, dict) and "suite" in payload and "rows" in payload:
         return _suite_section(payload)
+    if isinstance(payload, dict) and "cells" in payload and "variants" in payload:  # model suite
+        from bench import model_suite
+
+        return [model_suite.to_markdown(model_suite.from_json(payload),
+                                        breakdown=payload.get("breakdown") is not None)]
     if isinstance(payload, list):
         return records_table(payload)
     header = {k: v for k, v in payload.items() if _scalar(v)}
