@@ -94,7 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_list_of(str, tuple(_model_shapes())),
         help=f"model shapes (default: all of {', '.join(_model_shapes())})",
     )
-    model.add_argument("--rounds", type=int, default=2, help="rounds of interleaved variants")
+    model.add_argument("--phase", type=_list_of(str, ("prefill", "train", "decode")),
+                       default=("prefill", "train", "decode"),
+                       help="phases to measure (default: prefill,train,decode)")
+    model.add_argument("--rounds", type=int, default=2,
+                       help="rounds of the interleaved variants (default: 2)")
     led = parser.add_argument_group("ledger")
     led.add_argument("--batch", type=_list_of(int), default=(1, 64),
                      help="decode batch sizes (default: 1,64)")
@@ -122,7 +126,7 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
     shapes = ([model_suite.QUICK] if args.quick else
               [model_suite.SHAPES[name] for name in args.model or model_suite.SHAPES])
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
-                    out=args.out)
+                    phases=args.phase, out=args.out)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 

@@ -38,6 +38,7 @@ from bench import timing
 from jaxnorm import models
 
 VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
+PHASES = ("prefill", "train", "decode")
 DECODE_CACHE = 4096
 DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
 # How by_class_us and top_kernels are computed (JSON written before this field existed
@@ -97,7 +98,7 @@ class Identity(nnx.Module):
 
 def _without_norms(model: nnx.Module) -> nnx.Module:
     """`model` (stock layers) with every RMSNorm module replaced by the identity, in place."""
-    for _, module in list(model.iter_modules()):
+    for _, module in list(nnx.iter_modules(model)):
         for name, value in list(vars(module).items()):
             if isinstance(value, nnx.RMSNorm):
                 setattr(module, name, Identity())
@@ -261,18 +262,22 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
     }
 
 
-def _cases(shape: ModelShape, copies: int):
+def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
     """(phase label, shape text, per-step count, case(model) -> (fn, arg_sets)) per cell."""
-    yield ("prefill", "x".join(map(str, shape.prefill)), 1,
-           lambda m: prefill_case(m, shape, copies))
-    yield ("train", "x".join(map(str, shape.train)), 1, lambda m: train_case(m, shape, copies))
-    for batch in shape.decode_batches:
+    if "prefill" in phases:
+        yield ("prefill", "x".join(map(str, shape.prefill)), 1,
+               lambda m: prefill_case(m, shape, copies))
+    if "train" in phases:
+        yield ("train", "x".join(map(str, shape.train)), 1,
+               lambda m: train_case(m, shape, copies))
+    for batch in shape.decode_batches if "decode" in phases else ():
         yield (f"decode B={batch}", f"B={batch}, cache {shape.cache}", DECODE_STEPS,
                lambda m, batch=batch: decode_case(m, shape, batch, copies))
 
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
-        copies: int = 2, out: Path | None = None, console: Console | None = None) -> list[Cell]:
+        copies: int = 2, phases: tuple[str, ...] = PHASES, out: Path | None = None,
+        console: Console | None = None) -> list[Cell]:
     """Measure every cell: variants interleaved within a round, `rounds` rounds.
 
     With `out`, the results so far are rewritten after every cell, so a run cut
@@ -282,7 +287,7 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     cells = []
     for shape in shapes:
         variants = build_variants(shape)
-        for phase, text, per_step, case in _cases(shape, copies):
+        for phase, text, per_step, case in _cases(shape, copies, phases):
             cell = Cell(shape.name, phase, text, per_step)
             # One function per variant and cell (compiled once), inputs built per measurement
             # so that only one variant's copies are alive at a time.

@@ -1,0 +1,69 @@
+"""The model suite's code paths on CPU (`--quick`): variants, phases, tables. Timings mean nothing."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bench import model_suite as ms
+from bench import summarize
+
+
+def _logits(model: nnx.Module, tokens: jax.Array) -> np.ndarray:
+    return np.asarray(model(tokens)[0], np.float32)
+
+
+def test_variants_are_one_network_and_the_limit_has_no_norms():
+    variants = ms.build_variants(ms.QUICK)
+    tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, ms.QUICK.cfg.vocab_size)
+    stock = _logits(variants["stock"], tokens)
+    scale = np.max(np.abs(stock))
+    for name in ("jaxnorm", "flashified"):  # bf16 logits: a few bf16 roundings apart
+        assert np.max(np.abs(_logits(variants[name], tokens) - stock)) <= 0.05 * scale, name
+    free = variants["norm-free"]
+    assert not any(isinstance(m, nnx.RMSNorm) for _, m in nnx.iter_modules(free))
+    assert sum(isinstance(m, ms.Identity) for _, m in nnx.iter_modules(free)) == (
+        2 * ms.QUICK.cfg.n_layers + 2 * ms.QUICK.cfg.n_layers + 1)  # in, mlp, q/k per layer; head
+    assert np.max(np.abs(_logits(free, tokens) - stock)) > 0.05 * scale
+
+
+def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
+    cells = ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill", "decode"),
+                   out=tmp_path)
+    assert [c.phase for c in cells] == ["prefill", "decode B=1", "decode B=2"]
+    for cell in cells:
+        assert set(cell.rounds[0]) == set(ms.VARIANTS)
+        assert all(r["wall_us"] > 0 for r in cell.rounds[0].values())
+    payload = json.loads((tmp_path / "model-suite.json").read_text())
+    assert [c.phase for c in ms.from_json(payload)] == [c.phase for c in cells]
+    table = (tmp_path / "model-suite.md").read_text()
+    assert table.count("| tiny |") == 3 * len(cells) + len(cells) * len(ms.VARIANTS)
+    assert summarize._json_section(payload)[0] == table
+
+
+def test_train_step_reaches_every_parameter():
+    """One AdamW step: a finite loss, and every parameter's first moment (its gradient
+    scaled by 1 - b1) is non-zero (bf16 weights may not move visibly in one step)."""
+    model = ms.build_variants(ms.QUICK)["jaxnorm"]
+    fn, arg_sets = ms.train_case(model, ms.QUICK, copies=1)
+    loss, _, opt_state = jax.jit(fn)(*arg_sets[0])
+    assert np.isfinite(float(loss)) and float(loss) > 0
+    first_moments = jax.tree.leaves(opt_state[0].mu)
+    assert len(first_moments) == len(jax.tree.leaves(arg_sets[0][0]))
+    assert all(bool(jnp.any(mu != 0)) for mu in first_moments)
+
+
+def test_gap_closed():
+    assert ms.gap_closed(100.0, 95.0, 90.0) == 0.5
+    assert ms.gap_closed(100.0, 102.0, 90.0) == -0.2
+    assert ms.gap_closed(100.0, 95.0, 100.0) is None  # no gap to close
+
+
+def test_kernel_classes():
+    assert ms.kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert ms.kernel_class("mosaic_gpu_lazy_rms_matmul") == "mosaic"
+    assert ms.kernel_class("input_reduce_fusion_3") == "norm/reduction"
+    assert ms.kernel_class("loop_multiply_fusion") == "elementwise"
+    assert ms.kernel_class("copy_fusion") == "copy"
