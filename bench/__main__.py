@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=DEFAULT_OUT,
-        help=f"results directory (default: {DEFAULT_OUT}/, untracked; "
+        help=f"results directory (default: {DEFAULT_OUT}/, outside the tracked tree; "
         "--out bench/results/<name> to publish)",
     )
     gpu = parser.add_argument_group("GPU suites")

@@ -3,6 +3,8 @@
 #   bash scripts/h200.sh check gemm-a gemm-b          # first call
 #   bash scripts/h200.sh gemm-c gemm-d others         # second call
 #   bash scripts/h200.sh post-norm                    # the post-norm kernel alone
+#   bash scripts/h200.sh kernels doctor hf-parity     # kernel checks, the doctor, checkpoints
+#   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -44,6 +46,11 @@ for name in "$@"; do
       stage verify_post 120 python3 -m verify --impl mosaic --examples 3 --max-k 2048 \
         --no-identities --ops dense_rms_norm dense_layer_norm
       bench post_norm 110 --suite post-norm --quick ;;
+    kernels) stage check_kernels 200 env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
+    doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
+    hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
+    model) bench model "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
+             --phase "${PHASE:-prefill,train,decode}" ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;
