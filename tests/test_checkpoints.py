@@ -1,0 +1,211 @@
+"""from_pretrained / save_pretrained on tiny random checkpoints in the transformers layout,
+judged by the float64 reference of each family (tests/hf_reference.py)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hf_reference import forward, random_tensors, write_checkpoint
+from jaxnorm import models
+
+_BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)
+
+# One config per family, each turning on what distinguishes it (small windows, caps and
+# rope contexts, so that 12 tokens feel them); 4.x keys unless the name says v5.
+CONFIGS = {
+    "llama3": dict(model_type="llama", attention_bias=True, mlp_bias=True,
+                   tie_word_embeddings=False, rope_theta=10_000.0,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64}),
+    "llama_linear_v5": dict(model_type="llama", tie_word_embeddings=True,
+                            rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
+                                             "factor": 3.0}),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1_000_000.0,
+                  sliding_window=4, use_sliding_window=False),
+    "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1_000.0}),
+    "gemma": dict(model_type="gemma", head_dim=16, hidden_act="gelu", rope_theta=1_000.0),
+    "gemma2": dict(model_type="gemma2", head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                   final_logit_softcapping=15.0, sliding_window=4, rope_theta=1_000.0),
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=16,
+                   sliding_window=4, sliding_window_pattern=2, rope_theta=1_000_000.0,
+                   rope_local_base_freq=100.0, rope_scaling={"rope_type": "linear",
+                                                             "factor": 4.0}),
+    "gemma3_v5": dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=16,
+                      sliding_window=5, attn_logit_softcapping=4.0,
+                      layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                      rope_parameters={
+                          "full_attention": {"rope_type": "linear", "rope_theta": 10_000.0,
+                                             "factor": 2.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}),
+    "olmo2": dict(model_type="olmo2", rope_theta=500_000.0, tie_word_embeddings=False),
+}
+SHARDED = {"qwen2", "olmo2"}
+
+
+def _config(name: str) -> dict:
+    return {**_BASE, **CONFIGS[name]}
+
+
+def _checkpoint(tmp_path, name: str, dtype=np.float32):
+    hf = _config(name)
+    tensors = random_tensors(hf, seed=len(name), dtype=dtype)
+    write_checkpoint(tmp_path / name, hf, tensors, shards=3 if name in SHARDED else 1)
+    return tmp_path / name, hf, tensors
+
+
+def _tokens(batch=2, length=12, seed=0):
+    return np.random.default_rng(seed).integers(0, _BASE["vocab_size"], (batch, length))
+
+
+def _assert_matches_reference(model, hf, tensors, tokens):
+    """Within 5e-6 of the largest logit: float32 lands within 2e-6 on these models, while
+    tanh-for-exact GELU or eps 1e-6 for 1e-5 would be 1e-5 off."""
+    want = forward(hf, tensors, tokens)
+    got, _ = model(jnp.asarray(tokens))
+    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+    assert err <= 5e-6, err
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_match_the_float64_reference(tmp_path, name):
+    path, hf, tensors = _checkpoint(tmp_path, name)
+    tokens = _tokens()
+    stock = models.from_pretrained(path, fused=False)
+    fused = models.from_pretrained(path, fused=True)
+    assert fused.cfg.fused and not stock.cfg.fused
+    for model in (stock, fused, models.flashify_model(fused)):
+        _assert_matches_reference(model, hf, tensors, tokens)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2", "gemma3", "olmo2"])
+def test_greedy_tokens_agree_across_layers_and_folding(tmp_path, name):
+    """24 greedy tokens, identical for stock layers, jaxnorm layers and the flashified model;
+    each is the argmax of the float64 reference over the decoded prefix."""
+    path, hf, tensors = _checkpoint(tmp_path, name)
+    prompt = _tokens(length=5, seed=1)
+    fused = models.from_pretrained(path)
+    variants = (models.from_pretrained(path, fused=False), fused, models.flashify_model(fused))
+    decoded = [np.asarray(models.greedy_decode(m, jnp.asarray(prompt), 24)) for m in variants]
+    for other in decoded[1:]:
+        np.testing.assert_array_equal(decoded[0], other)
+    sequence = np.concatenate([prompt, decoded[0]], axis=1)
+    want = forward(hf, tensors, sequence)[:, prompt.shape[1] - 1:-1]
+    top2 = np.sort(want, axis=-1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > 1e-3  # near-ties may fall either way in float32
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(np.argmax(want, -1)[clear], decoded[0][clear])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_save_then_load_is_the_same_checkpoint(tmp_path, name):
+    path, hf, tensors = _checkpoint(tmp_path, name)
+    model = models.from_pretrained(path)
+    models.save_pretrained(model, tmp_path / "saved")
+    from safetensors.numpy import load_file
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert set(saved) == set(tensors)
+    for key, value in tensors.items():
+        np.testing.assert_array_equal(saved[key], value, err_msg=key)
+    again = models.from_pretrained(tmp_path / "saved")
+    assert again.cfg == model.cfg
+    _assert_matches_reference(again, json.loads((tmp_path / "saved" / "config.json")
+                                                .read_text()), saved, _tokens())
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma", "gemma2", "olmo2"])
+def test_flashified_model_saves_as_the_network_it_computes(tmp_path, name):
+    path, _, _ = _checkpoint(tmp_path, name)
+    folded = models.flashify_model(models.from_pretrained(path))
+    models.save_pretrained(folded, tmp_path / "folded")
+    from safetensors.numpy import load_file
+    saved = load_file(tmp_path / "folded" / "model.safetensors")
+    unit = 0.0 if folded.cfg.norm_offset else 1.0
+    if folded.cfg.pre_norms:
+        assert np.all(saved["model.layers.0.input_layernorm.weight"] == unit)
+    reloaded = models.from_pretrained(tmp_path / "folded")
+    assert not reloaded.cfg.folded
+    tokens = jnp.asarray(_tokens())
+    np.testing.assert_allclose(reloaded(tokens)[0], folded(tokens)[0], rtol=1e-5, atol=1e-5)
+    refolded = models.params_of(models.flashify_model(reloaded))
+    for a, b in zip(jax.tree.leaves(refolded), jax.tree.leaves(models.params_of(folded))):
+        np.testing.assert_array_equal(a, b)  # folding unit gains changes nothing
+
+
+def test_bfloat16_checkpoint_loads_as_stored_or_as_float32(tmp_path):
+    path, hf, tensors = _checkpoint(tmp_path, "gemma2", dtype=ml_dtypes.bfloat16)
+    as_stored = models.from_pretrained(path)
+    assert as_stored.cfg.param_dtype == jnp.bfloat16
+    assert as_stored.embed.embedding[...].dtype == jnp.bfloat16
+    wide = models.from_pretrained(path, param_dtype=jnp.float32)
+    kernel = wide.layers[0].attn_in.q.kernel[...]
+    assert kernel.dtype == jnp.float32
+    np.testing.assert_array_equal(
+        kernel, tensors["model.layers.0.self_attn.q_proj.weight"].astype(np.float32).T)
+    _assert_matches_reference(wide, hf, tensors, _tokens())
+
+
+def _edited(tmp_path, name: str, edit_config=None, edit_tensors=None):
+    hf, tensors = _config(name), random_tensors(_config(name), seed=0)
+    if edit_config:
+        edit_config(hf)
+    if edit_tensors:
+        edit_tensors(tensors)
+    write_checkpoint(tmp_path / "bad", hf, tensors)
+    return tmp_path / "bad"
+
+
+@pytest.mark.parametrize("edit_config, edit_tensors, match", [
+    (lambda c: c.update(model_type="mistral"), None, "unknown model_type 'mistral'"),
+    (lambda c: c.update(model_type="gemma3"), None, "unknown model_type 'gemma3'"),
+    (None, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"),
+     r"missing tensors.*model\.layers\.1\.mlp\.up_proj\.weight"),
+    (None, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.ones((8, 64))}),
+     r"k_proj\.weight has shape \(8, 64\); the config implies \(32, 64\)"),
+    (None, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": np.ones(64)}),
+     r"does not use.*o_proj\.bias"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), None,
+     "rope type='yarn' is not implemented"),
+    (lambda c: c.update(rope_scaling={"type": "dynamic", "factor": 2.0}), None,
+     "rope type='dynamic' is not implemented"),
+    (lambda c: c.update(use_sliding_window=True), None, "use_sliding_window"),
+    (lambda c: c.update(partial_rotary_factor=0.5), None, "partial_rotary_factor"),
+    (lambda c: c.update(hidden_act="relu"), None, "hidden_act='relu'"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 3), None, "sliding layers"),
+])
+def test_clear_errors(tmp_path, edit_config, edit_tensors, match):
+    path = _edited(tmp_path, "qwen2", edit_config, edit_tensors)
+    with pytest.raises(models.CheckpointError, match=match):
+        models.from_pretrained(path)
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(models.CheckpointError, match="no config.json"):
+        models.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(_config("llama3")))
+    with pytest.raises(models.CheckpointError, match="model.safetensors"):
+        models.from_pretrained(tmp_path)
+
+
+def test_a_config_no_family_expresses_is_refused_on_save(tmp_path):
+    from flax import nnx
+    odd = models.Transformer(models.llama(qk_norm=True, qk_norm_over="projection"),
+                             rngs=nnx.Rngs(0))
+    with pytest.raises(models.CheckpointError, match="no qwen3 architecture"):
+        models.save_pretrained(odd, tmp_path)
+
+
+def test_presets_name_the_real_families():
+    assert not models.gemma().qk_norm  # Gemma 1 has no QK-norm
+    assert models.gemma3().qk_norm and models.gemma3().local_rope_theta == 10_000.0
+    assert models.olmo2().qk_norm_over == "projection" and not models.olmo2().pre_norms
+    assert models.qwen2().qkv_bias and not models.qwen2().o_bias
+    assert models.llama3().rope_scaling.kind == "llama3"
+    assert models.gemma2(n_layers=4).layer_types == ("sliding", "full", "sliding", "full")
