@@ -14,7 +14,8 @@ from jaxnorm import models
 from verify import tolerances as tol
 from verify.references import f64
 
-PRESETS = [models.llama, models.qwen3, models.gemma]
+PRESETS = [models.llama, models.llama3, models.qwen2, models.qwen3, models.gemma, models.gemma2,
+           models.gemma3, models.olmo2]
 
 
 def _tokens(cfg, shape=(3, 17), seed=1):
@@ -47,9 +48,17 @@ def test_stock_and_jaxnorm_layers_are_one_network(preset):
         assert np.linalg.norm(f64(a) - f64(b)) <= bound
 
 
-@pytest.mark.parametrize("preset", [models.llama, models.gemma], ids=["llama", "gemma"])
-def test_kv_cache_decoding_equals_recomputation(preset):
-    model = models.Transformer(preset(), rngs=nnx.Rngs(2))
+# Windows shorter than the decoded sequence, so decoding must slide them too.
+DECODING = {"llama": models.llama(), "gemma": models.gemma(),
+            "gemma2": models.gemma2(n_layers=3, sliding_window=3),
+            "gemma3": models.gemma3(n_layers=3, sliding_window=4,
+                                    layer_types=("sliding", "full", "sliding")),
+            "olmo2": models.olmo2()}
+
+
+@pytest.mark.parametrize("name", sorted(DECODING))
+def test_kv_cache_decoding_equals_recomputation(name):
+    model = models.Transformer(DECODING[name], rngs=nnx.Rngs(2))
     prompt = _tokens(model.cfg, (2, 5))
     steps = 6
     tokens = models.greedy_decode(model, prompt, steps)
@@ -96,11 +105,37 @@ def test_tiny_train_step_is_flat_and_jittable():
         models.tiny_train_step("other")
 
 
+def test_sliding_window_limits_what_a_query_sees():
+    """A sliding layer's query at q sees q - W < k <= q: tokens further back change nothing."""
+    model = models.Transformer(models.gemma2(n_layers=1, sliding_window=3,
+                                             layer_types=("sliding",)), rngs=nnx.Rngs(3))
+    tokens = _tokens(model.cfg, (1, 9))
+    changed = tokens.at[0, 0].set((tokens[0, 0] + 1) % model.cfg.vocab_size)
+    a, _ = model(tokens)
+    b, _ = model(changed)
+    np.testing.assert_array_equal(a[0, 3:], b[0, 3:])  # position 0 is out of their window
+    assert not np.allclose(a[0, :3], b[0, :3])
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         models.ModelConfig(n_heads=3, n_kv_heads=2)
     with pytest.raises(ValueError, match="even"):
         models.ModelConfig(head_dim=7)
+    with pytest.raises(ValueError, match="activation"):
+        models.ModelConfig(activation="relu")
+    with pytest.raises(ValueError, match="qk_norm_over"):
+        models.ModelConfig(qk_norm_over="row")
+    with pytest.raises(ValueError, match="layer_types"):
+        models.ModelConfig(n_layers=2, layer_types=("full",))
+    with pytest.raises(ValueError, match="sliding_window"):
+        models.ModelConfig(n_layers=1, layer_types=("sliding",))
+    with pytest.raises(ValueError, match="pre_norms, post_norms"):
+        models.ModelConfig(pre_norms=False)
+    with pytest.raises(ValueError, match="kind"):
+        models.RopeScaling("yarn", 2.0)
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        models.RopeScaling("llama3", 8.0, low_freq_factor=4.0, high_freq_factor=1.0)
     with pytest.raises(ValueError, match="steps"):
         models.greedy_decode(models.Transformer(models.llama(), rngs=nnx.Rngs(0)),
                              jnp.zeros((1, 2), jnp.int32), 0)
