@@ -234,3 +234,16 @@ def test_gpu_parity_script_judges_the_jax_side(tmp_path):
                                                        prompt))
     (row,) = script.post_norm_rows(m=8, d=64, widths=(32,), repeats=2)
     assert row.startswith("| attn out")
+
+
+def test_loading_example_runs(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "load_checkpoint", Path(__file__).parents[1] / "examples" / "load_checkpoint.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    path, _, _ = _checkpoint(tmp_path, "olmo2")
+    assert example.main([str(path), "--steps", "6", "--save", str(tmp_path / "out")]) == 0
+    assert "greedy tokens identical" in capsys.readouterr().out
+    assert models.from_pretrained(tmp_path / "out").cfg.pre_norms is False
