@@ -149,3 +149,41 @@ def test_demo_quick_run(tmp_path):
     spec.loader.exec_module(demo)
     assert demo.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "loss_curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("preset, per_layer", [(models.llama, 0), (models.gemma2, 2),
+                                               (models.gemma3, 2), (models.olmo2, 4)],
+                         ids=["llama", "gemma2", "gemma3", "olmo2"])
+def test_post_sublayer_norms_run_on_the_post_norm_op(monkeypatch, preset, per_layer):
+    """Under fused=True each output norm (and OLMo 2's q/k norms) is one dense_rms_norm call;
+    stock layers make none."""
+    import jaxnorm
+    calls = []
+    real = jaxnorm.dense_rms_norm
+    monkeypatch.setattr(jaxnorm, "dense_rms_norm",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens = _tokens(preset(), (1, 4))
+    for fused, want in ((True, per_layer), (False, 0)):
+        calls.clear()
+        cfg = preset(fused=fused)
+        models.Transformer(cfg, rngs=nnx.Rngs(0))(tokens)
+        assert len(calls) == want * cfg.n_layers
+
+
+def test_gemma2_post_norms_through_the_post_norm_kernel(monkeypatch):
+    """The post-norm Mosaic kernel (Pallas interpreter) in a bf16 Gemma 2 block agrees with
+    the xla path: the model hands the kernel its sublayer outputs correctly."""
+    import jaxnorm
+    real = jaxnorm.dense_rms_norm
+    cfg = models.gemma2(n_layers=1, d_model=128, head_dim=32, d_ff=256, vocab_size=128,
+                        dtype=jnp.bfloat16, impl="xla")
+    model = models.Transformer(cfg, rngs=nnx.Rngs(4))
+    tokens = _tokens(cfg, (2, 32))
+    want, _ = model(tokens)
+    calls = []
+    monkeypatch.setattr(jaxnorm, "dense_rms_norm", lambda *a, **k: calls.append(1) or real(
+        *a, **{**k, "impl": "interpret"}))
+    got, _ = model(tokens)
+    assert len(calls) == 2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2)

@@ -32,8 +32,9 @@ KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys, values [B, S, KV, 
 
 
 class Attention(nnx.Module):
-    """QK-norm (optional), RoPE, grouped-query attention over the cache, output projection
-    (and its norm with `post_norms`). Layer `layer` is sliding when the config says so."""
+    """Per-head QK-norm (optional; over the projection it is the block's), RoPE,
+    grouped-query attention over the cache, output projection (and its norm with
+    `post_norms`). Layer `layer` is sliding when the config says so."""
 
     def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -53,8 +54,6 @@ class Attention(nnx.Module):
                  cache: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array] | None]:
         cfg = self.cfg
         sliding = cfg.is_sliding(self.layer)
-        if cfg.qk_norm and cfg.qk_norm_over == "projection":
-            q, k = self.q_norm(q), self.k_norm(k)
         b, t, _ = q.shape
         q = q.reshape(b, t, cfg.n_heads, cfg.head_dim)
         k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
@@ -94,8 +93,19 @@ class Block(nnx.Module):
             self.down_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
         self.cfg = cfg
 
+    def _qkv(self, x: Array) -> tuple[Array, Array, Array]:
+        """q, k, v; normed over the whole projection here for QK-norm over "projection"."""
+        cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
+        if not (cfg.qk_norm and cfg.qk_norm_over == "projection"):
+            return attn_in(x)
+        if not cfg.pre_norms:  # OLMo 2: Norm(x @ W_q) and Norm(x @ W_k) are post-norm ops
+            return (layers.project_then_norm(cfg, attn_in.q, attn.q_norm, x),
+                    layers.project_then_norm(cfg, attn_in.k, attn.k_norm, x), attn_in.v(x))
+        q, k, v = attn_in(x)
+        return attn.q_norm(q), attn.k_norm(k), v
+
     def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None):
-        q, k, v = self.attn_in(x)
+        q, k, v = self._qkv(x)
         attn, cache = self.attn(q, k, v, positions, cache)
         x = x + attn
         gate, up = self.mlp_in(x)
