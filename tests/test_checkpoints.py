@@ -1,13 +1,17 @@
 """from_pretrained / save_pretrained on tiny random checkpoints in the transformers layout,
 judged by the float64 reference of each family (tests/hf_reference.py)."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
+from safetensors.numpy import load_file
 
 from hf_reference import forward, random_tensors, write_checkpoint
 from jaxnorm import models
@@ -109,7 +113,6 @@ def test_save_then_load_is_the_same_checkpoint(tmp_path, name):
     path, hf, tensors = _checkpoint(tmp_path, name)
     model = models.from_pretrained(path)
     models.save_pretrained(model, tmp_path / "saved")
-    from safetensors.numpy import load_file
     saved = load_file(tmp_path / "saved" / "model.safetensors")
     assert set(saved) == set(tensors)
     for key, value in tensors.items():
@@ -125,7 +128,6 @@ def test_flashified_model_saves_as_the_network_it_computes(tmp_path, name):
     path, _, _ = _checkpoint(tmp_path, name)
     folded = models.flashify_model(models.from_pretrained(path))
     models.save_pretrained(folded, tmp_path / "folded")
-    from safetensors.numpy import load_file
     saved = load_file(tmp_path / "folded" / "model.safetensors")
     unit = 0.0 if folded.cfg.norm_offset else 1.0
     if folded.cfg.pre_norms:
@@ -195,7 +197,6 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_a_config_no_family_expresses_is_refused_on_save(tmp_path):
-    from flax import nnx
     odd = models.Transformer(models.llama(qk_norm=True, qk_norm_over="projection"),
                              rngs=nnx.Rngs(0))
     with pytest.raises(models.CheckpointError, match="no qwen3 architecture"):
@@ -214,8 +215,6 @@ def test_presets_name_the_real_families():
 def test_gpu_parity_script_judges_the_jax_side(tmp_path):
     """bench/gpu/hf_parity.py's comparison, fed the float64 reference instead of torch
     (absent here): every row passes, and a wrong token is reported as a failure."""
-    import importlib.util
-    from pathlib import Path
     spec = importlib.util.spec_from_file_location(
         "hf_parity", Path(__file__).parents[1] / "bench" / "gpu" / "hf_parity.py")
     script = importlib.util.module_from_spec(spec)
@@ -237,8 +236,6 @@ def test_gpu_parity_script_judges_the_jax_side(tmp_path):
 
 
 def test_loading_example_runs(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
     spec = importlib.util.spec_from_file_location(
         "load_checkpoint", Path(__file__).parents[1] / "examples" / "load_checkpoint.py")
     example = importlib.util.module_from_spec(spec)
@@ -247,3 +244,54 @@ def test_loading_example_runs(tmp_path, capsys):
     assert example.main([str(path), "--steps", "6", "--save", str(tmp_path / "out")]) == 0
     assert "greedy tokens identical" in capsys.readouterr().out
     assert models.from_pretrained(tmp_path / "out").cfg.pre_norms is False
+
+
+GOLDEN = Path(__file__).parent / "data" / "hf_golden.json"
+
+
+def _check_golden(entry: dict, tmp_path) -> None:
+    """Rebuild the checkpoint of one bench/gpu/hf_parity.py entry and hold the loader (and
+    the float64 reference) to the logits and greedy tokens transformers produced."""
+    hf, prompt = entry["config"], np.asarray(entry["prompt"])
+    tensors = random_tensors(hf, entry["seed"])
+    write_checkpoint(tmp_path / entry["family"], hf, tensors)
+    want = np.asarray(entry["logits"], np.float64).reshape(*prompt.shape, -1)
+    scale = np.abs(want).max()
+    assert np.abs(forward(hf, tensors, prompt) - want).max() <= 1e-4 * scale
+    fused = models.from_pretrained(tmp_path / entry["family"])
+    variants = (models.from_pretrained(tmp_path / entry["family"], fused=False), fused,
+                models.flashify_model(fused))
+    for model in variants:
+        got, _ = model(jnp.asarray(prompt))
+        assert np.abs(np.asarray(got, np.float64) - want).max() <= 1e-4 * scale
+        tokens = models.greedy_decode(model, jnp.asarray(prompt), len(entry["tokens"][0]))
+        np.testing.assert_array_equal(tokens, entry["tokens"])
+
+
+@pytest.mark.skipif(not GOLDEN.exists(), reason="tests/data/hf_golden.json not committed yet: "
+                    "run bench/gpu/hf_parity.py where transformers is installed")
+@pytest.mark.parametrize("index", range(7))
+def test_transformers_golden_values(tmp_path, index):
+    families = json.loads(GOLDEN.read_text())["families"]
+    if index >= len(families):
+        pytest.skip(f"the golden file holds {len(families)} families")
+    _check_golden(families[index], tmp_path)
+
+
+def test_golden_check_fails_on_a_wrong_value(tmp_path):
+    """_check_golden on an entry made by the float64 reference passes, and fails once one
+    golden token is wrong: the golden test can fail."""
+    hf = _config("gemma2")
+    prompt = _tokens(length=6, seed=4)
+    tensors = random_tensors(hf, 5)
+    sequence = prompt
+    for _ in range(8):
+        nxt = np.argmax(forward(hf, tensors, sequence)[:, -1], axis=-1)
+        sequence = np.concatenate([sequence, nxt[:, None]], axis=1)
+    entry = {"family": "gemma2", "config": hf, "seed": 5, "prompt": prompt.tolist(),
+             "tokens": sequence[:, 6:].tolist(),
+             "logits": forward(hf, tensors, prompt).ravel().tolist()}
+    _check_golden(entry, tmp_path / "right")
+    entry["tokens"][0][3] = (entry["tokens"][0][3] + 1) % _BASE["vocab_size"]
+    with pytest.raises(AssertionError):
+        _check_golden(entry, tmp_path / "wrong")

@@ -10,7 +10,11 @@ to unit gain and biases to zero, which would hide their mapping), saves it with
 layers, flashified; on the GPU) and compares float32 logits (max abs error,
 and relative to the largest logit) and 24 greedy tokens (transformers' by full
 recomputation each step, jaxnorm's with its KV cache). A family this
-transformers lacks is skipped and the table says so.
+transformers lacks is skipped and the table says so. The weights are the numpy
+draw of `tests/hf_reference.random_tensors` (seeded), so $OUT/hf_golden.json
+(config.json, seed, prompt, transformers' logits and tokens; commit it as
+tests/data/hf_golden.json) lets the CPU tests rebuild each checkpoint and hold
+the loader to transformers' own numbers.
 
 Then the post-sublayer norm at Gemma-2-9B's width (d = 3584): Norm(a @ W_o) and
 Norm(h @ W_down) with (1 + g) gains through `jaxnorm.dense_rms_norm` (automatic
@@ -23,6 +27,7 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -37,7 +42,12 @@ import jaxnorm  # noqa: E402
 from jaxnorm import models  # noqa: E402
 from verify import references as ref  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from hf_reference import random_tensors  # noqa: E402
+
 STEPS, PROMPT = 24, 6
+SEEDS = {"llama": 11, "qwen2": 12, "qwen3": 13, "gemma": 14, "gemma2": 15, "gemma3_text": 16,
+         "olmo2": 17}
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
             max_position_embeddings=128)
@@ -69,27 +79,27 @@ FAMILIES = {
 }
 
 
-def randomize(model, torch, seed: int) -> None:
-    """Every parameter random: matrices ~ N(0, 1/fan_in), embeddings N(0, 1), norm gains
-    around their unit value (1, or 0 for Gemma's 1 + g), biases ~ N(0, 0.2^2)."""
-    gen = torch.Generator().manual_seed(seed)
-    gemma = "gemma" in type(model).__name__.lower()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
-            if "norm" in name:
-                p.copy_((0.0 if gemma else 1.0) + 0.3 * noise)
-            elif p.ndim == 1:
-                p.copy_(0.2 * noise)
-            elif "embed" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / p.shape[1] ** 0.5)
+def randomize(model, torch, path: Path, seed: int) -> dict:
+    """Load the weights `tests/hf_reference.random_tensors` draws for the saved config.json
+    into `model` (transformers initializes norms to unit gain and biases to zero, which
+    would hide their mapping); the same numpy draw rebuilds them where torch is absent.
+    Returns that config."""
+    config = json.loads((path / "config.json").read_text())
+    tensors = random_tensors(config, seed)
+    missing, unexpected = model.load_state_dict(
+        {name: torch.from_numpy(t) for name, t in tensors.items()}, strict=False)
+    allowed = {"lm_head.weight"} if "lm_head.weight" not in tensors else set()
+    if unexpected or set(missing) - allowed:
+        raise RuntimeError(f"random_tensors does not match the transformers model: missing "
+                           f"{sorted(set(missing) - allowed)}, unexpected {sorted(unexpected)}")
+    if "lm_head.weight" in missing:  # tied: the head must be the embedding table itself
+        model.tie_weights()
+    return config
 
 
 def build(transformers, torch, family: str, path: Path):
-    """The random transformers model of `family`, saved to `path`; None if this
-    transformers has no such classes."""
+    """(random transformers model of `family` saved to `path`, its config.json), or None if
+    this transformers has no such classes."""
     config_name, model_name, kwargs = FAMILIES[family]
     config_cls = getattr(transformers, config_name, None)
     model_cls = getattr(transformers, model_name, None)
@@ -101,9 +111,10 @@ def build(transformers, torch, family: str, path: Path):
     except TypeError:
         model = model_cls(config)
     model = model.float().eval()
-    randomize(model, torch, seed=len(family))
+    model.save_pretrained(path, safe_serialization=True)  # writes the config.json we draw from
+    hf_config = randomize(model, torch, path, seed=SEEDS[family])
     model.save_pretrained(path, safe_serialization=True)
-    return model
+    return model, hf_config
 
 
 def torch_greedy(model, torch, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,6 +197,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# transformers parity of jaxnorm.models.from_pretrained\n",
              f"device: {jax.devices()[0].device_kind}\n"]
+    golden: list[dict] = []
     try:
         import torch
         import transformers
@@ -202,12 +214,16 @@ def main() -> int:
         for family in FAMILIES:
             path = checkpoints / family
             try:
-                model = build(transformers, torch, family, path)
-                if model is None:
+                built = build(transformers, torch, family, path)
+                if built is None:
                     lines.append(f"| {family} | skipped: transformers "
                                  f"{transformers.__version__} lacks it | | | | |")
                     continue
+                model, hf_config = built
                 want_logits, want_tokens = torch_greedy(model, torch, prompt)
+                golden.append({"family": family, "config": hf_config, "seed": SEEDS[family],
+                               "prompt": prompt.tolist(), "tokens": want_tokens.tolist(),
+                               "logits": [float(f"{v:.8g}") for v in want_logits.ravel()]})
                 with jax.default_matmul_precision("highest"):  # float32 products, not TF32
                     lines += compare(family, want_logits.astype(np.float64), want_tokens, path,
                                      prompt)
@@ -217,6 +233,11 @@ def main() -> int:
               "| sublayer | shape | jaxnorm max abs err vs float64 | stock's | jaxnorm us | "
               "stock us | speedup |", "|---|---|---|---|---|---|---|", *post_norm_rows(),
               f"\nfallbacks: {jaxnorm.fallback_reasons() or 'none'}"]
+    if golden:
+        (out / "hf_golden.json").write_text(json.dumps(
+            {"transformers": transformers.__version__, "torch": torch.__version__,
+             "steps": STEPS, "families": golden}) + "\n")
+        lines.append("\ngolden values: hf_golden.json (commit as tests/data/hf_golden.json)")
     text = "\n".join(lines) + "\n"
     (out / "hf_parity.md").write_text(text)
     print(text)
