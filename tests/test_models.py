@@ -187,3 +187,45 @@ def test_gemma2_post_norms_through_the_post_norm_kernel(monkeypatch):
     assert len(calls) == 2
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_left_padded_batch_decodes_like_each_prompt_alone(name):
+    """Prompts of lengths 6, 3 and 5 left-padded into one batch: each row's greedy tokens
+    and last prompt logits equal those of its prompt decoded alone."""
+    model = models.Transformer(DECODING[name], rngs=nnx.Rngs(5))
+    lengths, width, steps = (6, 3, 5), 6, 7
+    rows = [_tokens(model.cfg, (1, n), seed=10 + n)[0] for n in lengths]
+    prompt = jnp.stack([jnp.pad(r, (width - len(r), 0), constant_values=7) for r in rows])
+    mask = jnp.arange(width)[None, :] >= jnp.asarray([width - n for n in lengths])[:, None]
+    batched = models.greedy_decode(model, prompt, steps, prompt_mask=mask)
+    for b, row in enumerate(rows):
+        alone = models.greedy_decode(model, row[None], steps)
+        np.testing.assert_array_equal(batched[b], alone[0])
+    padded_logits, _ = model(prompt, pad=jnp.asarray([width - n for n in lengths]))
+    alone_logits, _ = model(rows[1][None])
+    np.testing.assert_allclose(padded_logits[1, -1], alone_logits[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_rows_stop_at_the_end_of_sequence_id():
+    model = models.Transformer(models.llama(), rngs=nnx.Rngs(6))
+    prompt = _tokens(model.cfg, (3, 4), seed=8)
+    free = np.asarray(models.greedy_decode(model, prompt, 10))
+    eos = int(free[0, 3])
+    stopped = np.asarray(models.greedy_decode(model, prompt, 10, eos_id=eos))
+    for row, out in zip(free, stopped):
+        hits = np.flatnonzero(row == eos)
+        end = hits[0] + 1 if hits.size else len(row)
+        np.testing.assert_array_equal(out[:end], row[:end])
+        assert np.all(out[end:] == eos)
+
+
+def test_prompt_mask_is_checked():
+    model = models.Transformer(models.llama(), rngs=nnx.Rngs(0))
+    prompt = jnp.zeros((2, 3), jnp.int32)
+    with pytest.raises(ValueError, match="left-padded"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.array([[1, 0, 1], [1, 1, 1]]))
+    with pytest.raises(ValueError, match="shape"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.ones((2, 4)))
+    with pytest.raises(ValueError, match="no tokens"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.array([[0, 0, 0], [1, 1, 1]]))

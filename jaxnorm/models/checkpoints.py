@@ -177,7 +177,7 @@ def from_pretrained(path: str | Path, *, fused: bool = True, impl: str | None = 
         if array.shape != want:
             raise CheckpointError(f"{path}: tensor {name} has shape {tensors[name].shape}; "
                                   f"the config implies {want[::-1] if transposed else want}")
-        values[our] = jnp.asarray(array.astype(np.float32)).astype(cfg.param_dtype)
+        values[our] = jnp.asarray(array).astype(cfg.param_dtype)  # cast where it lives
     nnx.replace_by_pure_dict(state, _nested(values, shapes))
     nnx.update(model, state)
     return model
@@ -215,6 +215,9 @@ def save_pretrained(model: Transformer, path: str | Path) -> None:
     if params:
         raise CheckpointError(f"parameters with no transformers name: {sorted(params)}")
     path = Path(path)
+    if (path / "model.safetensors.index.json").exists():
+        raise CheckpointError(f"{path} holds a sharded checkpoint whose index would shadow "
+                              "the model.safetensors written here; save to an empty directory")
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")

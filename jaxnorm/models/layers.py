@@ -139,9 +139,10 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -
 
 
 def rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
-    """Rotary embedding of x [B, T, H, D] at positions [T], rotating halves (Llama layout)."""
-    angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)  # [T, D/2]
-    sin, cos = jnp.sin(angles)[:, None, :], jnp.cos(angles)[:, None, :]
+    """Rotary embedding of x [B, T, H, D] at positions [T] (or per row, [B, T]), rotating
+    halves (Llama layout)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [(B,) T, D/2]
+    sin, cos = jnp.sin(angles)[..., None, :], jnp.cos(angles)[..., None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -152,13 +153,15 @@ def softcap(x: Array, cap: float | None) -> Array:
 
 
 def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | None = None,
-           cap: float | None = None, window: int | None = None) -> Array:
+           cap: float | None = None, window: int | None = None,
+           pad: Array | None = None) -> Array:
     """Causal grouped-query attention: q [B, T, H, D] over k, v [B, S, KV, D].
 
-    Key j sits at position j, so a query at position p sees keys 0..p (p - window < j
+    Key j sits at slot j, so a query at slot p sees keys 0..p (p - window < j
     <= p with a sliding `window`); with a cache, unwritten slots lie beyond every query
-    position and stay masked. Scores are scaled by scalar^-1/2 (default D), then
-    soft-capped by `cap`, then masked.
+    slot and stay masked. Row b's first pad[b] slots are left padding, seen by no real
+    query (a padding query sees itself, so no row is empty). Scores are scaled by
+    scalar^-1/2 (default D), then soft-capped by `cap`, then masked.
     """
     b, t, h, d = q.shape
     kv = k.shape[2]
@@ -169,6 +172,9 @@ def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | 
     visible = keys <= q_positions[:, None]  # [T, S]
     if window is not None:
         visible = visible & (keys > q_positions[:, None] - window)
+    if pad is not None:  # [B, 1, 1, T, S] against the scores' [B, KV, G, T, S]
+        real = (keys >= pad[:, None])[:, None, :] | (keys == q_positions[:, None])[None]
+        visible = (visible[None] & real)[:, None, None]
     probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
     return out.reshape(b, t, h * d)

@@ -50,8 +50,9 @@ class Attention(nnx.Module):
         if cfg.post_norms:
             self.o_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
 
-    def __call__(self, q: Array, k: Array, v: Array, positions: Array,
-                 cache: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array] | None]:
+    def __call__(self, q: Array, k: Array, v: Array, slots: Array,
+                 cache: tuple[Array, Array] | None,
+                 pad: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
         cfg = self.cfg
         sliding = cfg.is_sliding(self.layer)
         b, t, _ = q.shape
@@ -64,14 +65,16 @@ class Attention(nnx.Module):
             inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
         else:
             inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        positions = slots if pad is None else slots[None, :] - pad[:, None]
         q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
         if cache is not None:
-            start = positions[0]
+            start = slots[0]
             cache = tuple(jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=1)
                           for c, new in zip(cache, (k, v)))
             k, v = cache
-        heads = layers.attend(q, k, v, positions, scalar=cfg.query_pre_attn_scalar,
-                              cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None)
+        heads = layers.attend(q, k, v, slots, scalar=cfg.query_pre_attn_scalar,
+                              cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
+                              pad=pad)
         if cfg.post_norms:
             return layers.project_then_norm(cfg, self.o, self.o_norm, heads), cache
         return self.o(heads), cache
@@ -104,9 +107,10 @@ class Block(nnx.Module):
         q, k, v = attn_in(x)
         return attn.q_norm(q), attn.k_norm(k), v
 
-    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None):
+    def __call__(self, x: Array, slots: Array, cache: tuple[Array, Array] | None,
+                 pad: Array | None = None):
         q, k, v = self._qkv(x)
-        attn, cache = self.attn(q, k, v, positions, cache)
+        attn, cache = self.attn(q, k, v, slots, cache, pad)
         x = x + attn
         gate, up = self.mlp_in(x)
         h = layers.activation(self.cfg, gate) * up
@@ -143,23 +147,27 @@ class Transformer(nnx.Module):
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                      for _ in range(cfg.n_layers))
 
-    def hidden(self, tokens: Array, *, start: int | Array = 0,
-               cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
-        """The residual stream after the last block [B, T, d_model] (before the final norm)."""
+    def hidden(self, tokens: Array, *, start: int | Array = 0, cache: KVCache | None = None,
+               pad: Array | None = None) -> tuple[Array, KVCache | None]:
+        """The residual stream after the last block [B, T, d_model] (before the final norm).
+
+        `pad` [B]: row b's first pad[b] slots are left padding; its tokens sit at
+        positions slot - pad[b] and no real token attends to the padding.
+        """
         cfg = self.cfg
         x = self.embed(tokens)
         if cfg.embed_scale:  # sqrt(d) rounded once to the embedding's dtype, as Gemma does
             x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
-        positions = start + jnp.arange(tokens.shape[1])
+        slots = start + jnp.arange(tokens.shape[1])
         new_cache = []
         for i, block in enumerate(self.layers):
-            x, layer_cache = block(x, positions, None if cache is None else cache[i])
+            x, layer_cache = block(x, slots, None if cache is None else cache[i], pad)
             new_cache.append(layer_cache)
         return x, None if cache is None else tuple(new_cache)
 
-    def __call__(self, tokens: Array, *, start: int | Array = 0,
-                 cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
-        x, cache = self.hidden(tokens, start=start, cache=cache)
+    def __call__(self, tokens: Array, *, start: int | Array = 0, cache: KVCache | None = None,
+                 pad: Array | None = None) -> tuple[Array, KVCache | None]:
+        x, cache = self.hidden(tokens, start=start, cache=cache, pad=pad)
         if self.cfg.tied_embeddings:
             logits = layers.tied_logits(self.cfg, self.head_norm, self.embed, x)
         else:
