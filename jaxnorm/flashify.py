@@ -11,7 +11,9 @@ gate/up, lm_head), of `jaxnorm.linen.RMSNormDense` (`norm`, `dense`) and of
     LayerNorm: W* = diag(g + offset) W,  b* = beta @ W + b     norm params gone
 
 What is not a group is left as it is, which is exactly what must not fold:
-a tied LM head (its "kernel" is the input embedding, also used unnormalized)
+a tied LM head (its "kernel" is the input embedding, also used unnormalized),
+post-sublayer norms (Gemma 2/3, OLMo 2: `attn/o_norm`, `down_norm`; the gain
+scales a sum that joins the residual stream, which no later weight sees alone)
 and QK-norm gains (the norm's statistics are taken on the projection's output,
 so its gain cannot move into that weight; and RoPE between the norm and
 q k^T stops docs/design.md identity 6 from merging the q and k gains into one diagonal

@@ -15,7 +15,8 @@ from jaxnorm import models
 from verify import tolerances as tol
 from verify.references import f64
 
-PRESETS = [models.llama, models.qwen3, models.gemma]
+PRESETS = [models.llama, models.llama3, models.qwen2, models.qwen3, models.gemma, models.gemma2,
+           models.gemma3, models.olmo2]
 
 
 def _tokens(cfg, shape=(3, 17), seed=1):
@@ -48,9 +49,17 @@ def test_stock_and_jaxnorm_layers_are_one_network(preset):
         assert np.linalg.norm(f64(a) - f64(b)) <= bound
 
 
-@pytest.mark.parametrize("preset", [models.llama, models.gemma], ids=["llama", "gemma"])
-def test_kv_cache_decoding_equals_recomputation(preset):
-    model = models.Transformer(preset(), rngs=nnx.Rngs(2))
+# Windows shorter than the decoded sequence, so decoding must slide them too.
+DECODING = {"llama": models.llama(), "gemma": models.gemma(),
+            "gemma2": models.gemma2(n_layers=3, sliding_window=3),
+            "gemma3": models.gemma3(n_layers=3, sliding_window=4,
+                                    layer_types=("sliding", "full", "sliding")),
+            "olmo2": models.olmo2()}
+
+
+@pytest.mark.parametrize("name", sorted(DECODING))
+def test_kv_cache_decoding_equals_recomputation(name):
+    model = models.Transformer(DECODING[name], rngs=nnx.Rngs(2))
     prompt = _tokens(model.cfg, (2, 5))
     steps = 6
     tokens = models.greedy_decode(model, prompt, steps)
@@ -97,11 +106,37 @@ def test_tiny_train_step_is_flat_and_jittable():
         tiny_model.tiny_train_step("other")
 
 
+def test_sliding_window_limits_what_a_query_sees():
+    """A sliding layer's query at q sees q - W < k <= q: tokens further back change nothing."""
+    model = models.Transformer(models.gemma2(n_layers=1, sliding_window=3,
+                                             layer_types=("sliding",)), rngs=nnx.Rngs(3))
+    tokens = _tokens(model.cfg, (1, 9))
+    changed = tokens.at[0, 0].set((tokens[0, 0] + 1) % model.cfg.vocab_size)
+    a, _ = model(tokens)
+    b, _ = model(changed)
+    np.testing.assert_array_equal(a[0, 3:], b[0, 3:])  # position 0 is out of their window
+    assert not np.allclose(a[0, :3], b[0, :3])
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         models.ModelConfig(n_heads=3, n_kv_heads=2)
     with pytest.raises(ValueError, match="even"):
         models.ModelConfig(head_dim=7)
+    with pytest.raises(ValueError, match="activation"):
+        models.ModelConfig(activation="relu")
+    with pytest.raises(ValueError, match="qk_norm_over"):
+        models.ModelConfig(qk_norm_over="row")
+    with pytest.raises(ValueError, match="layer_types"):
+        models.ModelConfig(n_layers=2, layer_types=("full",))
+    with pytest.raises(ValueError, match="sliding_window"):
+        models.ModelConfig(n_layers=1, layer_types=("sliding",))
+    with pytest.raises(ValueError, match="pre_norms, post_norms"):
+        models.ModelConfig(pre_norms=False)
+    with pytest.raises(ValueError, match="kind"):
+        models.RopeScaling("yarn", 2.0)
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        models.RopeScaling("llama3", 8.0, low_freq_factor=4.0, high_freq_factor=1.0)
     with pytest.raises(ValueError, match="steps"):
         models.greedy_decode(models.Transformer(models.llama(), rngs=nnx.Rngs(0)),
                              jnp.zeros((1, 2), jnp.int32), 0)
@@ -115,3 +150,83 @@ def test_demo_quick_run(tmp_path):
     spec.loader.exec_module(demo)
     assert demo.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "loss_curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("preset, per_layer", [(models.llama, 0), (models.gemma2, 2),
+                                               (models.gemma3, 2), (models.olmo2, 4)],
+                         ids=["llama", "gemma2", "gemma3", "olmo2"])
+def test_post_sublayer_norms_run_on_the_post_norm_op(monkeypatch, preset, per_layer):
+    """Under fused=True each output norm (and OLMo 2's q/k norms) is one dense_rms_norm call;
+    stock layers make none."""
+    import jaxnorm
+    calls = []
+    real = jaxnorm.dense_rms_norm
+    monkeypatch.setattr(jaxnorm, "dense_rms_norm",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens = _tokens(preset(), (1, 4))
+    for fused, want in ((True, per_layer), (False, 0)):
+        calls.clear()
+        cfg = preset(fused=fused)
+        models.Transformer(cfg, rngs=nnx.Rngs(0))(tokens)
+        assert len(calls) == want * cfg.n_layers
+
+
+def test_gemma2_post_norms_through_the_post_norm_kernel(monkeypatch):
+    """The post-norm Mosaic kernel (Pallas interpreter) in a bf16 Gemma 2 block agrees with
+    the xla path: the model hands the kernel its sublayer outputs correctly."""
+    import jaxnorm
+    real = jaxnorm.dense_rms_norm
+    cfg = models.gemma2(n_layers=1, d_model=128, head_dim=32, d_ff=256, vocab_size=128,
+                        dtype=jnp.bfloat16, impl="xla")
+    model = models.Transformer(cfg, rngs=nnx.Rngs(4))
+    tokens = _tokens(cfg, (2, 32))
+    want, _ = model(tokens)
+    calls = []
+    monkeypatch.setattr(jaxnorm, "dense_rms_norm", lambda *a, **k: calls.append(1) or real(
+        *a, **{**k, "impl": "interpret"}))
+    got, _ = model(tokens)
+    assert len(calls) == 2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_left_padded_batch_decodes_like_each_prompt_alone(name):
+    """Prompts of lengths 6, 3 and 5 left-padded into one batch: each row's greedy tokens
+    and last prompt logits equal those of its prompt decoded alone."""
+    model = models.Transformer(DECODING[name], rngs=nnx.Rngs(5))
+    lengths, width, steps = (6, 3, 5), 6, 7
+    rows = [_tokens(model.cfg, (1, n), seed=10 + n)[0] for n in lengths]
+    prompt = jnp.stack([jnp.pad(r, (width - len(r), 0), constant_values=7) for r in rows])
+    mask = jnp.arange(width)[None, :] >= jnp.asarray([width - n for n in lengths])[:, None]
+    batched = models.greedy_decode(model, prompt, steps, prompt_mask=mask)
+    for b, row in enumerate(rows):
+        alone = models.greedy_decode(model, row[None], steps)
+        np.testing.assert_array_equal(batched[b], alone[0])
+    padded_logits, _ = model(prompt, pad=jnp.asarray([width - n for n in lengths]))
+    alone_logits, _ = model(rows[1][None])
+    np.testing.assert_allclose(padded_logits[1, -1], alone_logits[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_rows_stop_at_the_end_of_sequence_id():
+    model = models.Transformer(models.llama(), rngs=nnx.Rngs(6))
+    prompt = _tokens(model.cfg, (3, 4), seed=8)
+    free = np.asarray(models.greedy_decode(model, prompt, 10))
+    eos = int(free[0, 3])
+    stopped = np.asarray(models.greedy_decode(model, prompt, 10, eos_id=eos))
+    for row, out in zip(free, stopped):
+        hits = np.flatnonzero(row == eos)
+        end = hits[0] + 1 if hits.size else len(row)
+        np.testing.assert_array_equal(out[:end], row[:end])
+        assert np.all(out[end:] == eos)
+
+
+def test_prompt_mask_is_checked():
+    model = models.Transformer(models.llama(), rngs=nnx.Rngs(0))
+    prompt = jnp.zeros((2, 3), jnp.int32)
+    with pytest.raises(ValueError, match="left-padded"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.array([[1, 0, 1], [1, 1, 1]]))
+    with pytest.raises(ValueError, match="shape"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.ones((2, 4)))
+    with pytest.raises(ValueError, match="no tokens"):
+        models.greedy_decode(model, prompt, 2, prompt_mask=jnp.array([[0, 0, 0], [1, 1, 1]]))

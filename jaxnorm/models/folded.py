@@ -32,8 +32,8 @@ def flashify_model(model: Transformer) -> Transformer:
     """The same network with every foldable norm gain folded into the projections it feeds.
 
     Attention-input norms fold into q/k/v, MLP-input norms into gate/up, the
-    final norm into the LM head when embeddings are untied; QK-norm gains and
-    a tied head's norm stay (see `jaxnorm.flashify`).
+    final norm into the LM head when embeddings are untied; QK-norm gains,
+    post-sublayer norms and a tied head's norm stay (see `jaxnorm.flashify`).
     """
     folded = flashify(params_of(model), scale_offset=model.cfg.scale_offset)
     return load_params(model, folded.params, folded=True)

@@ -8,21 +8,28 @@ child per projection name), whichever flavour builds it: that is the layout
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn.dtypes import promote_dtype
+from flax.typing import Initializer
 
 from jaxnorm import nnx as jnnx
-from jaxnorm.models.config import ModelConfig
+from jaxnorm.models.config import ModelConfig, RopeScaling
 
 Array = jax.Array
 
 
 class OffsetRMSNorm(nnx.RMSNorm):
-    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (1 + scale)."""
+    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (offset + scale)."""
+
+    def __init__(self, num_features: int, *, offset: float, **kw):
+        super().__init__(num_features, **kw)
+        self.offset = offset
 
     def __call__(self, x: Array) -> Array:
         scale = None if self.scale is None else self.scale[...]
@@ -30,53 +37,77 @@ class OffsetRMSNorm(nnx.RMSNorm):
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
         if scale is not None:
-            y = y * (1.0 + scale.astype(jnp.float32))
+            y = y * (self.offset + scale.astype(jnp.float32))
         return y.astype(x.dtype)
 
 
 class StockNormProjections(nnx.Module):
-    """A stock norm applied once, then one stock nnx.Linear per name."""
+    """A stock norm applied once (none for OLMo 2's unnormed inputs), then one nnx.Linear per
+    name: also the jaxnorm flavour where no norm precedes the projections."""
 
-    def __init__(self, norm: nnx.Module, linears: Mapping[str, nnx.Linear]):
-        self.norm = norm
+    def __init__(self, norm: nnx.Module | None, linears: Mapping[str, nnx.Linear]):
+        if norm is not None:
+            self.norm = norm
+        self.normed = norm is not None
         self.names = tuple(linears)
         for name, linear in linears.items():
             setattr(self, name, linear)
 
     def __call__(self, x: Array) -> tuple[Array, ...]:
-        h = self.norm(x)
+        h = self.norm(x) if self.normed else x
         return tuple(getattr(self, name)(h) for name in self.names)
+
+
+def _scale_init(cfg: ModelConfig) -> Initializer:
+    """Unit gain at initialization: scale 1, or 0 where the gain is (1 + scale)."""
+    return nnx.initializers.zeros_init() if cfg.norm_offset else nnx.initializers.ones
 
 
 def rms_norm(cfg: ModelConfig, features: int, *, use_scale: bool = True,
              rngs: nnx.Rngs) -> nnx.Module:
     """A standalone RMSNorm in the config's flavour (QK-norm, the norm before a tied head)."""
     kw = dict(epsilon=cfg.eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_scale=use_scale,
-              scale_init=nnx.initializers.zeros_init() if cfg.gemma else nnx.initializers.ones,
-              rngs=rngs)
+              scale_init=_scale_init(cfg), rngs=rngs)
     if cfg.fused:
         return jnnx.RMSNorm(features, scale_offset=cfg.scale_offset, impl=cfg.impl, **kw)
-    return OffsetRMSNorm(features, **kw) if cfg.gemma else nnx.RMSNorm(features, **kw)
+    if cfg.norm_offset:
+        return OffsetRMSNorm(features, offset=cfg.norm_offset, **kw)
+    return nnx.RMSNorm(features, **kw)
 
 
 def norm_projections(cfg: ModelConfig, out_features: Mapping[str, int], *,
+                     use_bias: bool = False, normed: bool | None = None,
                      rngs: nnx.Rngs) -> nnx.Module:
-    """RMSNorm feeding bias-free projections; the gain is absent once folded."""
-    if cfg.fused:
+    """RMSNorm feeding the projections; the gain is absent once folded. Without a norm
+    (`normed`, default `cfg.pre_norms`: OLMo 2's sublayer inputs) just the projections."""
+    normed = cfg.pre_norms if normed is None else normed
+    if cfg.fused and normed:
         return jnnx.RMSNormProjections(
-            cfg.d_model, out_features, use_bias=False, epsilon=cfg.eps, dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype, use_scale=not cfg.folded,
-            scale_init=nnx.initializers.zeros_init() if cfg.gemma else nnx.initializers.ones,
+            cfg.d_model, out_features, use_bias=use_bias, epsilon=cfg.eps, dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype, use_scale=not cfg.folded, scale_init=_scale_init(cfg),
             scale_offset=cfg.scale_offset, impl=cfg.impl, rngs=rngs)
-    norm = rms_norm(cfg, cfg.d_model, use_scale=not cfg.folded, rngs=rngs)
+    norm = rms_norm(cfg, cfg.d_model, use_scale=not cfg.folded, rngs=rngs) if normed else None
     return StockNormProjections(norm, {
-        name: linear(cfg, cfg.d_model, n, rngs=rngs) for name, n in out_features.items()})
+        name: linear(cfg, cfg.d_model, n, use_bias=use_bias, rngs=rngs)
+        for name, n in out_features.items()})
 
 
-def linear(cfg: ModelConfig, in_features: int, out_features: int, *,
+def linear(cfg: ModelConfig, in_features: int, out_features: int, *, use_bias: bool = False,
            rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(in_features, out_features, use_bias=False, dtype=cfg.dtype,
+    return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=cfg.dtype,
                       param_dtype=cfg.param_dtype, rngs=rngs)
+
+
+def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array) -> Array:
+    """norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), added to the residual by
+    the caller. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm`."""
+    if not cfg.fused:
+        return norm(proj(x))
+    bias = None if proj.bias is None else proj.bias[...]
+    x, kernel, bias, scale = promote_dtype((x, proj.kernel[...], bias, norm.scale[...]),
+                                           dtype=cfg.dtype)
+    return jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=cfg.eps,
+                                  scale_offset=cfg.scale_offset, impl=cfg.impl)
 
 
 def tied_logits(cfg: ModelConfig, norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:
@@ -85,28 +116,67 @@ def tied_logits(cfg: ModelConfig, norm: nnx.Module, embed: nnx.Embed, x: Array) 
     return embed.attend(norm(x))
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
-    """Rotary embedding of x [B, T, H, D] at positions [T], rotating halves (Llama layout)."""
-    half = x.shape[-1] // 2
-    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
-    sin, cos = jnp.sin(angles)[:, None, :], jnp.cos(angles)[:, None, :]
+@functools.lru_cache(maxsize=64)
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """The inverse frequencies [head_dim / 2] (float32) of RoPE with base `theta`, scaled."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is not None and scaling.kind == "linear":
+        inv = inv / scaling.factor
+    elif scaling is not None:  # llama3
+        old = scaling.original_max_position
+        wavelen = 2 * np.pi / inv
+        smooth = (old / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor)
+        blended = (1 - smooth) * inv / scaling.factor + smooth * inv
+        inv = np.where(wavelen > old / scaling.low_freq_factor, inv / scaling.factor,
+                       np.where(wavelen < old / scaling.high_freq_factor, inv, blended))
+    return inv.astype(np.float32)
+
+
+def rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
+    """Rotary embedding of x [B, T, H, D] at positions [T] (or per row, [B, T]), rotating
+    halves (Llama layout)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [(B,) T, D/2]
+    sin, cos = jnp.sin(angles)[..., None, :], jnp.cos(angles)[..., None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attend(q: Array, k: Array, v: Array, q_positions: Array) -> Array:
+def softcap(x: Array, cap: float | None) -> Array:
+    """cap * tanh(x / cap) (Gemma 2's attention and final-logit soft-capping); x if no cap."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | None = None,
+           cap: float | None = None, window: int | None = None,
+           pad: Array | None = None) -> Array:
     """Causal grouped-query attention: q [B, T, H, D] over k, v [B, S, KV, D].
 
-    Key j sits at position j, so a query at position p sees keys 0..p; with a
-    cache, unwritten slots lie beyond every query position and stay masked.
+    Key j sits at slot j, so a query at slot p sees keys 0..p (p - window < j
+    <= p with a sliding `window`); with a cache, unwritten slots lie beyond every query
+    slot and stay masked. Row b's first pad[b] slots are left padding, seen by no real
+    query (a padding query sees itself, so no row is empty). Scores are scaled by
+    scalar^-1/2 (default D), then soft-capped by `cap`, then masked.
     """
     b, t, h, d = q.shape
     kv = k.shape[2]
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(d))
-    visible = jnp.arange(k.shape[1])[None, :] <= q_positions[:, None]  # [T, S]
+    scores = softcap(scores / jnp.sqrt(jnp.float32(d if scalar is None else scalar)), cap)
+    keys = jnp.arange(k.shape[1])[None, :]
+    visible = keys <= q_positions[:, None]  # [T, S]
+    if window is not None:
+        visible = visible & (keys > q_positions[:, None] - window)
+    if pad is not None:  # [B, 1, 1, T, S] against the scores' [B, KV, G, T, S]
+        real = (keys >= pad[:, None])[:, None, :] | (keys == q_positions[:, None])[None]
+        visible = (visible[None] & real)[:, None, None]
     probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
     return out.reshape(b, t, h * d)
+
+
+def activation(cfg: ModelConfig, x: Array) -> Array:
+    """The gate's activation: SiLU (SwiGLU), tanh-approximated GELU (GeGLU) or exact GELU."""
+    if cfg.activation == "silu":
+        return nnx.silu(x)
+    return nnx.gelu(x, approximate=cfg.activation == "gelu_tanh")

@@ -1,20 +1,27 @@
-"""A small Llama-style decoder: pre-norm blocks, GQA with RoPE, gated MLP, KV cache.
+"""A decoder of the Llama, Qwen, Gemma and OLMo 2 families: GQA with RoPE, gated MLP, KV cache.
 
-Parameter tree (identical for stock and jaxnorm layers):
+Parameter tree (identical for stock and jaxnorm layers; `bias` beside a kernel
+where the config has biases):
 
     embed/embedding
-    layers/<i>/attn_in/{norm/scale, q/kernel, k/kernel, v/kernel}
+    layers/<i>/attn_in/{norm/scale, q/kernel, k/kernel, v/kernel}   no norm without pre_norms
     layers/<i>/attn/{q_norm/scale, k_norm/scale (qk_norm), o/kernel}
-    layers/<i>/mlp_in/{norm/scale, gate/kernel, up/kernel}
+    layers/<i>/attn/o_norm/scale           post_norms: the norm on the attention output
+    layers/<i>/mlp_in/{norm/scale, gate/kernel, up/kernel}          no norm without pre_norms
     layers/<i>/down/kernel
+    layers/<i>/down_norm/scale             post_norms: the norm on the MLP output
     head/{norm/scale, lm_head/kernel}     untied embeddings
     head_norm/scale                       tied embeddings (logits = normed @ embedding^T)
+
+A post-norm sublayer adds Norm(W_o a) (or Norm(W_down h)) to the residual; under
+`fused` that norm runs with its projection as one post-norm op (`jaxnorm.dense_rms_norm`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxnorm.models import layers
@@ -25,52 +32,91 @@ KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys, values [B, S, KV, 
 
 
 class Attention(nnx.Module):
-    """QK-norm (optional), RoPE, grouped-query attention over the cache, output projection."""
+    """Per-head QK-norm (optional; over the projection it is the block's), RoPE,
+    grouped-query attention over the cache, output projection (and its norm with
+    `post_norms`). Layer `layer` is sliding when the config says so."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.layer = layer
         if cfg.qk_norm:
-            self.q_norm = layers.rms_norm(cfg, cfg.head_dim, rngs=rngs)
-            self.k_norm = layers.rms_norm(cfg, cfg.head_dim, rngs=rngs)
-        self.o = layers.linear(cfg, cfg.n_heads * cfg.head_dim, cfg.d_model, rngs=rngs)
+            whole = cfg.qk_norm_over == "projection"
+            self.q_norm = layers.rms_norm(
+                cfg, cfg.head_dim * (cfg.n_heads if whole else 1), rngs=rngs)
+            self.k_norm = layers.rms_norm(
+                cfg, cfg.head_dim * (cfg.n_kv_heads if whole else 1), rngs=rngs)
+        self.o = layers.linear(cfg, cfg.n_heads * cfg.head_dim, cfg.d_model,
+                               use_bias=cfg.o_bias, rngs=rngs)
+        if cfg.post_norms:
+            self.o_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
 
-    def __call__(self, q: Array, k: Array, v: Array, positions: Array,
-                 cache: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array] | None]:
+    def __call__(self, q: Array, k: Array, v: Array, slots: Array,
+                 cache: tuple[Array, Array] | None,
+                 pad: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
         cfg = self.cfg
+        sliding = cfg.is_sliding(self.layer)
         b, t, _ = q.shape
         q = q.reshape(b, t, cfg.n_heads, cfg.head_dim)
         k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.qk_norm_over == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = layers.rope(q, positions, cfg.rope_theta), layers.rope(k, positions, cfg.rope_theta)
+        if sliding and cfg.local_rope_theta is not None:
+            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
+        else:
+            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        positions = slots if pad is None else slots[None, :] - pad[:, None]
+        q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
         if cache is not None:
-            start = positions[0]
+            start = slots[0]
             cache = tuple(jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=1)
                           for c, new in zip(cache, (k, v)))
             k, v = cache
-        return self.o(layers.attend(q, k, v, positions)), cache
+        heads = layers.attend(q, k, v, slots, scalar=cfg.query_pre_attn_scalar,
+                              cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
+                              pad=pad)
+        if cfg.post_norms:
+            return layers.project_then_norm(cfg, self.o, self.o_norm, heads), cache
+        return self.o(heads), cache
 
 
 class Block(nnx.Module):
-    """x + Attn(Norm(x)), then x + Down(act(Gate(Norm(x))) * Up(Norm(x)))."""
+    """x + Attn(Norm(x)), then x + Down(act(Gate(Norm(x))) * Up(Norm(x))); with post_norms
+    each sublayer's output is normed before the add, and without pre_norms its input is not."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, rngs: nnx.Rngs):
         self.attn_in = layers.norm_projections(cfg, {
             "q": cfg.n_heads * cfg.head_dim, "k": cfg.n_kv_heads * cfg.head_dim,
-            "v": cfg.n_kv_heads * cfg.head_dim}, rngs=rngs)
-        self.attn = Attention(cfg, rngs=rngs)
-        self.mlp_in = layers.norm_projections(cfg, {"gate": cfg.d_ff, "up": cfg.d_ff}, rngs=rngs)
-        self.down = layers.linear(cfg, cfg.d_ff, cfg.d_model, rngs=rngs)
-        self.gemma = cfg.gemma
+            "v": cfg.n_kv_heads * cfg.head_dim}, use_bias=cfg.qkv_bias, rngs=rngs)
+        self.attn = Attention(cfg, layer, rngs=rngs)
+        self.mlp_in = layers.norm_projections(cfg, {"gate": cfg.d_ff, "up": cfg.d_ff},
+                                              use_bias=cfg.mlp_bias, rngs=rngs)
+        self.down = layers.linear(cfg, cfg.d_ff, cfg.d_model, use_bias=cfg.mlp_bias, rngs=rngs)
+        if cfg.post_norms:
+            self.down_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
+        self.cfg = cfg
 
-    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None):
-        q, k, v = self.attn_in(x)
-        attn, cache = self.attn(q, k, v, positions, cache)
+    def _qkv(self, x: Array) -> tuple[Array, Array, Array]:
+        """q, k, v; normed over the whole projection here for QK-norm over "projection"."""
+        cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
+        if not (cfg.qk_norm and cfg.qk_norm_over == "projection"):
+            return attn_in(x)
+        if not cfg.pre_norms:  # OLMo 2: Norm(x @ W_q) and Norm(x @ W_k) are post-norm ops
+            return (layers.project_then_norm(cfg, attn_in.q, attn.q_norm, x),
+                    layers.project_then_norm(cfg, attn_in.k, attn.k_norm, x), attn_in.v(x))
+        q, k, v = attn_in(x)
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def __call__(self, x: Array, slots: Array, cache: tuple[Array, Array] | None,
+                 pad: Array | None = None):
+        q, k, v = self._qkv(x)
+        attn, cache = self.attn(q, k, v, slots, cache, pad)
         x = x + attn
         gate, up = self.mlp_in(x)
-        act = nnx.gelu(gate, approximate=True) if self.gemma else nnx.silu(gate)
-        return x + self.down(act * up), cache
+        h = layers.activation(self.cfg, gate) * up
+        if self.cfg.post_norms:
+            return x + layers.project_then_norm(self.cfg, self.down, self.down_norm, h), cache
+        return x + self.down(h), cache
 
 
 class Transformer(nnx.Module):
@@ -85,12 +131,13 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
                                param_dtype=cfg.param_dtype, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
         if cfg.tied_embeddings:
             # Shared with the input embedding, so its gain is never folded.
             self.head_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
         else:
-            self.head = layers.norm_projections(cfg, {"lm_head": cfg.vocab_size}, rngs=rngs)
+            self.head = layers.norm_projections(cfg, {"lm_head": cfg.vocab_size}, normed=True,
+                                                  rngs=rngs)
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         """Zeroed keys and values for `max_len` positions, in the computation dtype."""
@@ -100,24 +147,29 @@ class Transformer(nnx.Module):
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                      for _ in range(cfg.n_layers))
 
-    def hidden(self, tokens: Array, *, start: int | Array = 0,
-               cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
-        """The residual stream after the last block [B, T, d_model] (before the final norm)."""
+    def hidden(self, tokens: Array, *, start: int | Array = 0, cache: KVCache | None = None,
+               pad: Array | None = None) -> tuple[Array, KVCache | None]:
+        """The residual stream after the last block [B, T, d_model] (before the final norm).
+
+        `pad` [B]: row b's first pad[b] slots are left padding; its tokens sit at
+        positions slot - pad[b] and no real token attends to the padding.
+        """
         cfg = self.cfg
         x = self.embed(tokens)
-        if cfg.gemma:
-            x = x * jnp.sqrt(jnp.float32(cfg.d_model)).astype(x.dtype)
-        positions = start + jnp.arange(tokens.shape[1])
+        if cfg.embed_scale:  # sqrt(d) rounded once to the embedding's dtype, as Gemma does
+            x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
+        slots = start + jnp.arange(tokens.shape[1])
         new_cache = []
         for i, block in enumerate(self.layers):
-            x, layer_cache = block(x, positions, None if cache is None else cache[i])
+            x, layer_cache = block(x, slots, None if cache is None else cache[i], pad)
             new_cache.append(layer_cache)
         return x, None if cache is None else tuple(new_cache)
 
-    def __call__(self, tokens: Array, *, start: int | Array = 0,
-                 cache: KVCache | None = None) -> tuple[Array, KVCache | None]:
-        x, cache = self.hidden(tokens, start=start, cache=cache)
+    def __call__(self, tokens: Array, *, start: int | Array = 0, cache: KVCache | None = None,
+                 pad: Array | None = None) -> tuple[Array, KVCache | None]:
+        x, cache = self.hidden(tokens, start=start, cache=cache, pad=pad)
         if self.cfg.tied_embeddings:
-            return layers.tied_logits(self.cfg, self.head_norm, self.embed, x), cache
-        (logits,) = self.head(x)
-        return logits, cache
+            logits = layers.tied_logits(self.cfg, self.head_norm, self.embed, x)
+        else:
+            (logits,) = self.head(x)
+        return layers.softcap(logits, self.cfg.final_softcap), cache
