@@ -18,6 +18,7 @@ from flax import nnx
 from flax.nnx.nn.dtypes import promote_dtype
 from flax.typing import Initializer
 
+import jaxnorm
 from jaxnorm import nnx as jnnx
 from jaxnorm.models.config import ModelConfig, RopeScaling
 
