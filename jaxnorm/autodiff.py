@@ -115,7 +115,7 @@ def _gain_grads(rows: _Rows, g: Array, has_scale: bool, has_bias: bool):
 
 
 def _forward(s: _Static, op: str, *args: Any, **kwargs: Any) -> Any:
-    return dispatch.call(op, s.impl, *args, eps=s.eps, **kwargs)
+    return sharding.vary_like(dispatch.call(op, s.impl, *args, eps=s.eps, **kwargs), *args)
 
 
 # ------------------------------------------------------------ standalone norms

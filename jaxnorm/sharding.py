@@ -53,6 +53,15 @@ def match_varying(*trees: Any) -> tuple[Any, ...]:
     return jax.tree.map(cast, trees)
 
 
+def vary_like(outputs: Any, *inputs: Any) -> Any:
+    """Outputs typed to vary over the inputs' varying axes: a Pallas call inside shard_map
+    returns unvarying types although each shard's result depends on its own inputs."""
+    union = frozenset().union(*(varying_axes(a) for a in jax.tree.leaves(inputs)))
+    if not union:
+        return outputs
+    return jax.tree.map(lambda y: match_varying(y, *inputs)[0], outputs)
+
+
 def normalize_axis_name(axis_name: AxisName | None, sharded: Array,
                         sharded_name: str = "x") -> tuple | None:
     """axis_name as a tuple of mesh axes bound by an enclosing shard_map, or None.
@@ -63,8 +72,8 @@ def normalize_axis_name(axis_name: AxisName | None, sharded: Array,
     """
     if axis_name is None:
         return None
-    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    if not names or not all(isinstance(n, str) for n in names):
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if not isinstance(names, tuple) or not names or not all(isinstance(n, str) for n in names):
         raise ValueError(f"axis_name must be a mesh axis name or a tuple of them; got "
                          f"{axis_name!r}")
     for name in names:
