@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import dispatch, sharding
-from jaxnorm.backends.xla import _pre_norm_sum, matmul_f32
+from jaxnorm import partitioning, sharding
+from jaxnorm.backends.xla import matmul_f32
 
 Array = jax.Array
 F32 = jnp.float32
@@ -86,12 +86,6 @@ def _rows(kind: str, x32: Array, stats: tuple[Array, ...]) -> _Rows:
     return _Rows(sharding.centred_rows(kind, x32, stats), stats[-1])
 
 
-def _normalized(rows: _Rows, scale: Array | None, bias: Array | None, scale_offset: float):
-    """inv * centred * gain (+ bias) in float32: the row-parallel forward's local columns."""
-    y = rows.centred * rows.inv[:, None] * _gain(scale, scale_offset)
-    return y if bias is None else y + bias.astype(F32)
-
-
 def _norm_input_grad(s: _Static, rows: _Rows, g_star: Array) -> Array:
     """dx of xhat(x) given dxhat = g_star (the cotangent with the gain applied).
 
@@ -115,7 +109,8 @@ def _gain_grads(rows: _Rows, g: Array, has_scale: bool, has_bias: bool):
 
 
 def _forward(s: _Static, op: str, *args: Any, **kwargs: Any) -> Any:
-    return sharding.vary_like(dispatch.call(op, s.impl, *args, eps=s.eps, **kwargs), *args)
+    outs = partitioning.call(op, s.impl, *args, eps=s.eps, **kwargs)
+    return sharding.vary_like(outs, *args)
 
 
 # ------------------------------------------------------------ standalone norms
@@ -124,8 +119,8 @@ def _forward(s: _Static, op: str, *args: Any, **kwargs: Any) -> Any:
 def _norm_primal(s: _Static, x: Array, scale: Array | None, bias: Array | None,
                  stats: tuple[Array, ...]) -> Array:
     if s.axis_name is not None:
-        rows = _rows(s.kind, x.astype(F32), stats)
-        return _normalized(rows, scale, bias, s.scale_offset).astype(x.dtype)
+        gain = _gain(scale, s.scale_offset)
+        return sharding.normalized(s.kind, x.astype(F32), stats, gain, bias).astype(x.dtype)
     args = (x, scale) if s.kind == "rms" else (x, scale, bias)
     return _forward(s, f"{s.kind}_norm", *args, scale_offset=s.scale_offset)
 
@@ -162,6 +157,12 @@ def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: f
          scale_offset: float, impl: str | None, axis_name: tuple | None = None) -> Array:
     """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]
     (this shard's K columns with `axis_name`)."""
+    if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"{kind}_norm", (x, scale, bias), lambda a, axis: norm(
+                kind, *a, eps=eps, scale_offset=scale_offset, impl=impl, axis_name=axis))
+        if explicit is not None:
+            return explicit
     s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, bias)
     return _norm(s, *sharding.match_varying(x, scale, bias))
 
@@ -174,9 +175,9 @@ def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases,
     if s.axis_name is not None:
         # Row-parallel: this shard's columns normalized with whole-row statistics, its
         # K-slice of each product, and one psum of the float32 partials (biases: the caller).
-        rows = _rows(s.kind, x.astype(F32), stats)
-        normed = _normalized(rows, scale, norm_bias, s.scale_offset).astype(x.dtype)
-        return jax.lax.psum(tuple(matmul_f32(normed, w) for w in kernels), s.axis_name)
+        gain = _gain(scale, s.scale_offset)
+        normed = sharding.normalized(s.kind, x.astype(F32), stats, gain, norm_bias)
+        return sharding.row_parallel_products(normed.astype(x.dtype), kernels, s.axis_name)
     norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
     return _forward(s, f"{s.kind}_norm_dense", x, *norm_args, kernels, biases,
                     scale_offset=s.scale_offset)
@@ -234,6 +235,12 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     the outputs are whole (psum-ed) and each bias is added once, after the sum.
     """
     if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"{kind}_norm_dense", (x, scale, norm_bias, kernels, biases),
+            lambda a, axis: norm_dense(kind, *a, eps=eps, scale_offset=scale_offset, impl=impl,
+                                       axis_name=axis))
+        if explicit is not None:
+            return explicit
         s = _static(kind, eps, scale_offset, impl, None, x, scale, norm_bias, kernels, biases)
         return _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))
     none = (None,) * len(kernels)
@@ -250,8 +257,8 @@ def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, 
                        pre_norm_sum: bool) -> tuple[Array, Array | None]:
     if s.axis_name is not None:
         # Column-parallel: this shard's N columns of h, normalized with whole-row statistics.
-        h = _pre_norm_sum(x, kernel, bias, residual)
-        y = _normalized(_rows(s.kind, h, _row_stats(s, h)), scale, norm_bias, 0.0)
+        h = sharding.split_pre_norm_sum(x, kernel, bias, residual, None)
+        y = sharding.normalized(s.kind, h, _row_stats(s, h), _gain(scale, 0.0), norm_bias)
         return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
     norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
     return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
@@ -306,6 +313,12 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
     sum), the sum only with a residual (else None). With `axis_name` the kernel's columns
     (and the N-vectors, the residual's columns) are this shard's N-slice."""
+    if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"dense_{kind}_norm", (x, kernel, bias, scale, norm_bias, residual),
+            lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis))
+        if explicit is not None:
+            return explicit
     s = _static(kind, eps, 0.0, impl, axis_name, x, kernel, bias, scale, norm_bias, residual)
     out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias, residual))
     return out if residual is not None else (out, None)

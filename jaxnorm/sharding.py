@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm import statistics
+from jaxnorm.backends.xla import matmul_f32
 
 Array = jax.Array
 AxisName = str | tuple[str, ...]
@@ -145,3 +146,38 @@ def centred_rows(kind: str, x32: Array, stats: Sequence[Array]) -> Array:
         return x32
     shift, mean_d = stats[0], stats[1]
     return (x32 - shift[:, None]) - mean_d[:, None]
+
+
+# ------------------------------------------------- forward of the split-row forms
+
+
+def normalized(kind: str, x32: Array, stats: Sequence[Array], gain: Array | float,
+               bias: Array | None) -> Array:
+    """inv * centred * gain (+ bias) in float32: this shard's columns of a split row."""
+    y = centred_rows(kind, x32, stats) * stats[-1][:, None] * gain
+    return y if bias is None else y + bias.astype(jnp.float32)
+
+
+def row_parallel_products(normed: Array, kernels: Sequence[Array],
+                          axis_name: tuple) -> tuple[Array, ...]:
+    """Each kernel's product with K split over `axis_name`: this shard's K-slice of the
+    product, then one psum of the float32 partials (the only [M, N] that moves)."""
+    return lax.psum(tuple(matmul_f32(normed, w) for w in kernels), axis_name)
+
+
+def split_pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array | None,
+                       k_axis: tuple | None) -> Array:
+    """h = x @ W (+ b + residual) in float32 on this shard's columns; with x's K split over
+    `k_axis` the GEMM's partials are psum-ed first (before the bias is added once)."""
+    h = matmul_f32(x, kernel)
+    if k_axis is not None:
+        h = lax.psum(h, k_axis)
+    return _pre_norm_sum_rest(h, bias, residual)
+
+
+def _pre_norm_sum_rest(h: Array, bias: Array | None, residual: Array | None) -> Array:
+    if bias is not None:
+        h = h + bias.astype(jnp.float32)
+    if residual is not None:
+        h = h + residual.astype(jnp.float32)
+    return h
