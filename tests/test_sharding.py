@@ -16,7 +16,8 @@ import pytest
 
 HOST_DEVICES = 8
 ENV_FLAG = "JAXNORM_SHARDING_TESTS"  # set for the child process: its modules then run
-MODULES = ("test_sharding_ops.py", "test_sharding_jit.py", "test_sharding_models.py")
+MODULES = ("test_sharding_ops.py", "test_sharding_jit.py", "test_sharding_models.py",
+           "test_sharding_bench.py")
 ROOT = Path(__file__).resolve().parent.parent
 
 
