@@ -212,7 +212,8 @@ def over_explicit_mesh(op: str, args: tuple,
         axes["k"] = None  # h's N is the normalized row; x's K is gathered, as jnp.dot's rule
     axis_name = _as_tuple(axes.get("n0" if post_norm else "k"))
     in_specs = [_spec(r, axes) for r in role_leaves]
-    leaves = [jax.sharding.reshard(v, NamedSharding(mesh, spec)) for v, spec in zip(leaves, in_specs)]
+    leaves = [jax.sharding.reshard(v, NamedSharding(mesh, spec))
+              for v, spec in zip(leaves, in_specs)]
     has_sum = post_norm and args[-1] is not None
     out_roles = out_roles[:1] if post_norm and not has_sum else out_roles
     out_specs = tuple(_spec(r, axes) for r in out_roles)

@@ -155,7 +155,8 @@ def assert_matches_reference(op: str, inputs: dict, out, grads, dys) -> None:
     judged = checks.judge(op, "xla", inputs)
     for j, y in zip(judged, jax.tree.leaves(out)):
         err = np.abs(f64(np.asarray(y)) - j.expected)
-        assert np.all(err <= j.tolerance), f"{op} {j.name}: worst excess {np.max(err / j.tolerance)}"
+        worst = np.max(err / j.tolerance)
+        assert np.all(err <= j.tolerance), f"{op} {j.name}: worst error / tolerance {worst}"
     assert checks.check_grads_of(op, grads, [f64(np.asarray(d)) for d in dys], **inputs) <= 1.0
 
 
