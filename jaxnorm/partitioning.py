@@ -29,6 +29,7 @@ them: the same per-device programs as above, gradients psum-ed by JAX.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -95,7 +96,7 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     out_roles = out_roles if pre_norm_sum or not op.startswith("dense_") else out_roles[:1]
     static = _Call(op, impl, tuple(sorted(kwargs.items())), treedef,
                    tuple(jax.tree.leaves(roles)), out_roles)
-    outs = _partitioned(static, *leaves)
+    outs = _vmappable(static)(*leaves)
     if op in ("rms_norm", "layer_norm"):
         return outs[0]
     if op.startswith("dense_"):
@@ -176,6 +177,25 @@ def _per_device(static: _Call, args: tuple, k_axis: tuple | None,
     sums = sharding.row_parallel_products(normed.astype(x.dtype), kernels, k_axis)
     return tuple((y if b is None else y + b.astype(F32)).astype(x.dtype)
                  for y, b in zip(sums, biases))
+
+
+@functools.cache
+def _vmappable(static: _Call) -> Callable[..., tuple[Array, ...]]:
+    """The partitioned call, and under vmap the op as before (custom_partitioning has no
+    batching rule; each kernel has its own)."""
+
+    @jax.custom_batching.custom_vmap
+    def partitioned(*leaves: Array) -> tuple[Array, ...]:
+        return _partitioned(static, *leaves)
+
+    @partitioned.def_vmap
+    def batched(axis_size: int, in_batched: list[bool], *leaves: Array):
+        outs = jax.vmap(
+            lambda *ls: _per_device(static, jax.tree.unflatten(static.treedef, ls), None, None),
+            in_axes=[0 if b else None for b in in_batched], axis_size=axis_size)(*leaves)
+        return outs, tuple(True for _ in outs)
+
+    return partitioned
 
 
 _partitioned = custom_partitioning(

@@ -148,3 +148,13 @@ def test_kernel_path_rule_runs_the_kernel_per_device_without_collectives(op, lay
     if layout == "column":
         assert "Ref<gmem>{bf16[64,64]}" in text  # ... and its 64 of the kernel's 256 columns
     assert not any(c in text for c in ("psum", "all_gather", "all_to_all", "ppermute")), text
+
+
+def test_kernel_path_vmaps_on_a_many_device_host():
+    """custom_partitioning has no batching rule: under vmap the op runs as on one device."""
+    x = make_inputs("rms_norm", dtype=ml_dtypes.bfloat16, kind="normal", m=48, k=64)["x"]
+    scale = make_inputs("rms_norm", k=64)["scale"]
+    y = jax.vmap(lambda a: CALLS["rms_norm"]({"x": a, "scale": scale}, eps=EPS,
+                                             impl="interpret"))(x.reshape(3, 16, 64))
+    assert_matches_reference_values("rms_norm", {"x": x, "scale": scale, "eps": EPS},
+                                    y.reshape(48, 64))
