@@ -14,6 +14,15 @@ the implementation directly (not the custom_vjp function), so `jax.jvp` over
 LayerNorm statistics are shifted by each row's first element exactly as in
 `jaxnorm.statistics`, so rows with |mean| >> std keep their gradient digits.
 
+Inside `jax.shard_map` the public wrappers first cast every input to the
+inputs' common varying axes (`jaxnorm.sharding.match_varying`), so the
+cotangents the backward returns have their inputs' types and JAX psums the
+gradients of replicated inputs. With `axis_name` (x's K, or for the post-norm
+ops the output's N, sharded over that mesh axis) the forward is the xla algebra
+on this shard's columns with the per-row statistics psum-ed, the pre-norm dense
+ops psum their float32 output partials (the caller adds the bias once), and the
+backward psums the row sums its row rule needs: never a [M, K] all-gather.
+
 Which implementation runs is resolved before autodiff sees the op. Where
 automatic dispatch (impl=None) resolves to xla, the op is the plain xla
 function and JAX differentiates it exactly as it differentiates the stock Flax
@@ -21,9 +30,8 @@ layers: falling back costs nothing in training. Where it resolves to a kernel,
 the kernel serves the primal (inference); under differentiation the forward
 and backward are those of the xla formulation (`_stock_fwd`), because the
 kernel forward's saving (the normalized activation is never written) is
-repaid by forming it again for the weight gradient. An explicit impl ("xla",
-"mosaic", "interpret") keeps the lean backward below: per-row statistics
-saved, the rest recomputed.
+repaid by forming it again for the weight gradient (docs/backward.md). An
+explicit impl, and the row-parallel `axis_name`, keep the lean backward below.
 
 Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first.
 """
@@ -36,7 +44,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import dispatch, statistics
+from jaxnorm import dispatch, partitioning, sharding
 from jaxnorm.backends.xla import matmul_f32
 
 Array = jax.Array
@@ -49,15 +57,22 @@ class _Static(NamedTuple):
     kind: str  # "rms" or "layer"
     eps: float
     scale_offset: float
-    impl: str  # resolved: "xla", "mosaic" or "interpret"
-    automatic: bool  # impl=None resolved to a kernel: differentiate the xla formulation
+    impl: str | None
     dtypes: Any  # the differentiable inputs' dtypes (None where absent): cotangents match them
+    axis_name: tuple | None  # the mesh axes that shard the normalized rows (row-parallel)
+    automatic: bool = False  # impl=None resolved to a kernel: differentiate the xla formulation
 
 
-def _static(kind: str, eps: float, scale_offset: float, impl: str, automatic: bool,
-            *inputs) -> _Static:
+def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
+            *inputs, automatic: bool = False) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
-    return _Static(kind, eps, scale_offset, impl, automatic, dtypes)
+    return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic)
+
+
+def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
+    """(the implementation to run, whether impl=None chose a kernel) for an unsharded op."""
+    chosen = dispatch.resolve(op, impl, *args, **kwargs)
+    return chosen, impl is None and chosen != "xla"
 
 
 def _stock_fwd(op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -77,11 +92,9 @@ def _gain(scale: Array | None, scale_offset: float) -> Array | float:
 # ------------------------------------------------------------ row statistics
 
 
-def _row_stats(kind: str, x32: Array, eps: float) -> tuple[Array, ...]:
-    """What the forward saves per row: (r,) or (mean of the shifted row, s)."""
-    if kind == "rms":
-        return (statistics.rms_inverse(x32, eps),)
-    return statistics.shifted_mean_and_inverse_std(x32, eps)
+def _row_stats(s: _Static, x32: Array) -> tuple[Array, ...]:
+    """What the forward saves per row: (r,) or (shift, mean of the shifted row, s)."""
+    return sharding.row_statistics(s.kind, x32, s.eps, s.axis_name)
 
 
 class _Rows(NamedTuple):
@@ -92,23 +105,22 @@ class _Rows(NamedTuple):
 
 
 def _rows(kind: str, x32: Array, stats: tuple[Array, ...]) -> _Rows:
-    if kind == "rms":
-        return _Rows(x32, stats[0])
-    mean_d, inv_std = stats
-    return _Rows(statistics.shifted(x32) - mean_d[:, None], inv_std)
+    return _Rows(sharding.centred_rows(kind, x32, stats), stats[-1])
 
 
-def _norm_input_grad(kind: str, rows: _Rows, g_star: Array) -> Array:
+def _norm_input_grad(s: _Static, rows: _Rows, g_star: Array) -> Array:
     """dx of xhat(x) given dxhat = g_star (the cotangent with the gain applied).
 
     RMSNorm:   dx = r (G* - (r^2/K) rowsum(G* x) x)
     LayerNorm: dx = s (G* - mean(G*) - (s^2/K) rowsum(G* (x - mu)) (x - mu))
+    The row sums cover whole rows: one psum of both over `axis_name` when sharded.
     """
     c, inv = rows.centred, rows.inv[:, None]
-    proj = jnp.mean(g_star * c, axis=-1, keepdims=True) * inv * inv
-    if kind == "rms":
-        return inv * (g_star - proj * c)
-    return inv * (g_star - jnp.mean(g_star, axis=-1, keepdims=True) - proj * c)
+    if s.kind == "rms":
+        (proj,) = sharding.row_means(s.axis_name, g_star * c)
+        return inv * (g_star - (proj[:, None] * inv * inv) * c)
+    proj, mean_g = sharding.row_means(s.axis_name, g_star * c, g_star)
+    return inv * (g_star - mean_g[:, None] - (proj[:, None] * inv * inv) * c)
 
 
 def _gain_grads(rows: _Rows, g: Array, has_scale: bool, has_bias: bool):
@@ -119,29 +131,38 @@ def _gain_grads(rows: _Rows, g: Array, has_scale: bool, has_bias: bool):
 
 
 def _forward(s: _Static, op: str, *args: Any, **kwargs: Any) -> Any:
-    return dispatch.call(op, s.impl, *args, eps=s.eps, **kwargs)
+    outs = partitioning.call(op, s.impl, *args, eps=s.eps, **kwargs)
+    return sharding.vary_like(outs, *args)
 
 
 # ------------------------------------------------------------ standalone norms
 
 
-def _norm_primal(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Array:
+def _norm_primal(s: _Static, x: Array, scale: Array | None, bias: Array | None,
+                 stats: tuple[Array, ...]) -> Array:
+    if s.axis_name is not None:
+        gain = _gain(scale, s.scale_offset)
+        return sharding.normalized(s.kind, x.astype(F32), stats, gain, bias).astype(x.dtype)
     args = (x, scale) if s.kind == "rms" else (x, scale, bias)
     return _forward(s, f"{s.kind}_norm", *args, scale_offset=s.scale_offset)
 
 
+def _sharded_stats(s: _Static, x: Array) -> tuple[Array, ...]:
+    """The row statistics a row-parallel forward needs itself (none when unsharded)."""
+    return () if s.axis_name is None else _row_stats(s, x.astype(F32))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _norm(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Array:
-    return _norm_primal(s, x, scale, bias)
+    return _norm_primal(s, x, scale, bias, _sharded_stats(s, x))
 
 
 def _norm_fwd(s: _Static, x, scale, bias):
     if s.automatic:
         args = (x, scale) if s.kind == "rms" else (x, scale, bias)
-        y, vjp = _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset)
-        return y, vjp
-    stats = _row_stats(s.kind, x.astype(F32), s.eps)
-    return _norm_primal(s, x, scale, bias), (x, scale, stats)
+        return _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset)
+    stats = _row_stats(s, x.astype(F32))
+    return _norm_primal(s, x, scale, bias, stats), (x, scale, stats)
 
 
 def _norm_bwd(s: _Static, res, dy: Array):
@@ -152,7 +173,7 @@ def _norm_bwd(s: _Static, res, dy: Array):
     bias_dtype = s.dtypes[2]
     g = dy.astype(F32)
     rows = _rows(s.kind, x.astype(F32), stats)
-    dx = _norm_input_grad(s.kind, rows, g * _gain(scale, s.scale_offset))
+    dx = _norm_input_grad(s, rows, g * _gain(scale, s.scale_offset))
     d_scale, d_bias = _gain_grads(rows, g, scale is not None, bias_dtype is not None)
     return _cast_like((dx, d_scale, d_bias), s.dtypes)
 
@@ -161,20 +182,37 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,
-         scale_offset: float, impl: str | None) -> Array:
-    """rms_norm (kind="rms", bias=None) or layer_norm; x is [M, K]."""
-    op, args = f"{kind}_norm", ((x, scale) if kind == "rms" else (x, scale, bias))
-    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
-    if impl is None and chosen == "xla":
-        return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
-    s = _static(kind, eps, scale_offset, chosen, impl is None, x, scale, bias)
-    return _norm(s, x, scale, bias)
+         scale_offset: float, impl: str | None, axis_name: tuple | None = None) -> Array:
+    """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]
+    (this shard's K columns with `axis_name`)."""
+    if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"{kind}_norm", (x, scale, bias), lambda a, axis: norm(
+                kind, *a, eps=eps, scale_offset=scale_offset, impl=impl, axis_name=axis))
+        if explicit is not None:
+            return explicit
+        op, args = f"{kind}_norm", ((x, scale) if kind == "rms" else (x, scale, bias))
+        chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+        if impl is None and chosen == "xla":
+            return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+        impl = chosen
+    else:
+        automatic = False
+    s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, bias, automatic=automatic)
+    return _norm(s, *sharding.match_varying(x, scale, bias))
 
 
 # ------------------------------------------------------------ pre-norm dense
 
 
-def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array, ...]:
+def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases,
+                       stats: tuple[Array, ...]) -> tuple[Array, ...]:
+    if s.axis_name is not None:
+        # Row-parallel: this shard's columns normalized with whole-row statistics, its
+        # K-slice of each product, and one psum of the float32 partials (biases: the caller).
+        gain = _gain(scale, s.scale_offset)
+        normed = sharding.normalized(s.kind, x.astype(F32), stats, gain, norm_bias)
+        return sharding.row_parallel_products(normed.astype(x.dtype), kernels, s.axis_name)
     norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
     return _forward(s, f"{s.kind}_norm_dense", x, *norm_args, kernels, biases,
                     scale_offset=s.scale_offset)
@@ -182,7 +220,7 @@ def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases) -> tupl
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _norm_dense(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array, ...]:
-    return _norm_dense_primal(s, x, scale, norm_bias, kernels, biases)
+    return _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, _sharded_stats(s, x))
 
 
 def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
@@ -190,8 +228,8 @@ def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
         norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
         return _stock_fwd(f"{s.kind}_norm_dense", x, *norm_args, kernels, biases, eps=s.eps,
                           scale_offset=s.scale_offset)
-    stats = _row_stats(s.kind, x.astype(F32), s.eps)
-    outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases)
+    stats = _row_stats(s, x.astype(F32))
+    outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, stats)
     return outs, (x, scale, norm_bias, kernels, stats)
 
 
@@ -209,7 +247,7 @@ def _norm_dense_bwd(s: _Static, res, dys: tuple[Array, ...]):
     gain = _gain(scale, s.scale_offset)
     rows = _rows(s.kind, x.astype(F32), stats)
     g = sum(matmul_f32(dy, w.T) for dy, w in zip(dys, kernels))
-    dx = _norm_input_grad(s.kind, rows, g * gain)
+    dx = _norm_input_grad(s, rows, g * gain)
     d_scale, d_norm_bias = _gain_grads(rows, g, scale is not None, norm_bias is not None)
     centred_t = rows.centred.T.astype(x.dtype)  # the GEMM operand, in x's precision
     d_kernels, d_biases = [], []
@@ -231,16 +269,34 @@ _norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
 
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], *, eps: float,
-               scale_offset: float, impl: str | None) -> tuple[Array, ...]:
-    """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense."""
-    op = f"{kind}_norm_dense"
-    args = (x, scale, kernels, biases) if kind == "rms" else (x, scale, norm_bias, kernels, biases)
-    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
-    if impl is None and chosen == "xla":
-        return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
-    s = _static(kind, eps, scale_offset, chosen, impl is None, x, scale, norm_bias, kernels,
-                biases)
-    return _norm_dense(s, x, scale, norm_bias, kernels, biases)
+               scale_offset: float, impl: str | None,
+               axis_name: tuple | None = None) -> tuple[Array, ...]:
+    """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense with a custom VJP.
+
+    With `axis_name` x, the gains and the kernels' rows are this shard's K-slice;
+    the outputs are whole (psum-ed) and each bias is added once, after the sum.
+    """
+    if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"{kind}_norm_dense", (x, scale, norm_bias, kernels, biases),
+            lambda a, axis: norm_dense(kind, *a, eps=eps, scale_offset=scale_offset, impl=impl,
+                                       axis_name=axis))
+        if explicit is not None:
+            return explicit
+        op = f"{kind}_norm_dense"
+        args = ((x, scale, kernels, biases) if kind == "rms"
+                else (x, scale, norm_bias, kernels, biases))
+        chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+        if impl is None and chosen == "xla":
+            return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+        s = _static(kind, eps, scale_offset, chosen, None, x, scale, norm_bias, kernels, biases,
+                    automatic=automatic)
+        return _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))
+    none = (None,) * len(kernels)
+    s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, norm_bias, kernels, none)
+    sums = _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels), none)
+    return tuple((y if b is None else y + b.astype(F32)).astype(x.dtype)
+                 for y, b in zip(sums, biases))
 
 
 # ------------------------------------------------------------ post-norm dense
@@ -248,6 +304,11 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
 
 def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, *,
                        pre_norm_sum: bool) -> tuple[Array, Array | None]:
+    if s.axis_name is not None:
+        # Column-parallel: this shard's N columns of h, normalized with whole-row statistics.
+        h = sharding.split_pre_norm_sum(x, kernel, bias, residual, None)
+        y = sharding.normalized(s.kind, h, _row_stats(s, h), _gain(scale, 0.0), norm_bias)
+        return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
     norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
     return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
                     pre_norm_sum=pre_norm_sum)
@@ -279,7 +340,7 @@ def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
                        norm_bias, residual)
     y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual, pre_norm_sum=True)
     # Statistics of the h the caller sees: the backward differentiates at that point.
-    saved = (x, kernel, scale, h, _row_stats(s.kind, h.astype(F32), s.eps))
+    saved = (x, kernel, scale, h, _row_stats(s, h.astype(F32)))
     return ((y, h) if _has_residual(s) else y), saved
 
 
@@ -293,7 +354,7 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     dy, dh_out = cotangents if residual_dtype is not None else (cotangents, None)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
-    dh = _norm_input_grad(s.kind, rows, g * _gain(scale, 0.0))
+    dh = _norm_input_grad(s, rows, g * _gain(scale, 0.0))
     if dh_out is not None:
         dh = dh + dh_out.astype(F32)
     d_scale, d_norm_bias = _gain_grads(rows, g, scale is not None, norm_bias_dtype is not None)
@@ -310,17 +371,25 @@ _dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
 
 def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
                norm_bias: Array | None, residual: Array | None, *, eps: float,
-               impl: str | None) -> tuple[Array, Array | None]:
+               impl: str | None, axis_name: tuple | None = None) -> tuple[Array, Array | None]:
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
-    sum), the sum only with a residual (else None)."""
-    op = f"dense_{kind}_norm"
-    norm_args = (scale,) if kind == "rms" else (scale, norm_bias)
-    args = (x, kernel, bias, *norm_args, residual)
-    chosen = dispatch.resolve(op, impl, *args, eps=eps, pre_norm_sum=residual is not None)
-    s = _static(kind, eps, 0.0, chosen, impl is None, x, kernel, bias, scale, norm_bias,
-                residual)
+    sum), the sum only with a residual (else None). With `axis_name` the kernel's columns
+    (and the N-vectors, the residual's columns) are this shard's N-slice."""
+    if axis_name is None:
+        explicit = partitioning.over_explicit_mesh(
+            f"dense_{kind}_norm", (x, kernel, bias, scale, norm_bias, residual),
+            lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis))
+        if explicit is not None:
+            return explicit
+        norm_args = (scale,) if kind == "rms" else (scale, norm_bias)
+        chosen, automatic = _resolve(f"dense_{kind}_norm", impl, x, kernel, bias, *norm_args,
+                                     residual, eps=eps, pre_norm_sum=residual is not None)
+    else:
+        chosen, automatic = impl, False
+    s = _static(kind, eps, 0.0, chosen, axis_name, x, kernel, bias, scale, norm_bias, residual,
+                automatic=automatic)
     if impl is None and chosen == "xla":
         out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
         return out if residual is not None else (out, None)
-    out = _dense_norm(s, x, kernel, bias, scale, norm_bias, residual)
+    out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias, residual))
     return out if residual is not None else (out, None)

@@ -4,6 +4,11 @@ Shapes: x is [..., K]; kernels are [K, N]; vectors are [K] or [N]. Output dtype
 follows x; statistics and accumulation are float32. See docs/design.md section 2.
 Every op runs through `jaxnorm.autodiff`, whose custom VJP calls the dispatched
 implementation forward and recomputes the backward from per-row statistics.
+
+`axis_name` (inside `jax.shard_map`): the mesh axis over which the normalized
+rows are split (x's K for the pre-norm ops, the output's N for the post-norm
+ops); only per-row statistics and the dense outputs' partials are psum-ed
+(docs/sharding.md).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, autodiff
+from jaxnorm import _checks, autodiff, sharding
 from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
 
 ArrayLike = jax.typing.ArrayLike
@@ -42,17 +47,22 @@ def rms_norm(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array:
     """RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * (scale + scale_offset).
+
+    With `axis_name`, x and scale are this shard's slice of K (see module docstring).
 
     >>> y = rms_norm(jnp.ones((2, 8)), jnp.ones(8))
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
+    axis = sharding.normalize_axis_name(axis_name, x)
     x2, lead = _flatten(x)
     y = autodiff.norm(
-        "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl
+        "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl,
+        axis_name=axis,
     )
     return y.reshape(*lead, k)
 
@@ -65,15 +75,18 @@ def layer_norm(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array:
     """LayerNorm over the last axis: (x - mean) * rsqrt(var + eps) * (scale + offset) + bias."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     _checks.check_vector("bias", bias, k)
+    axis = sharding.normalize_axis_name(axis_name, x)
     x2, lead = _flatten(x)
     y = autodiff.norm(
-        "layer", x2, _array(scale), _array(bias), eps=eps, scale_offset=scale_offset, impl=impl
+        "layer", x2, _array(scale), _array(bias), eps=eps, scale_offset=scale_offset, impl=impl,
+        axis_name=axis,
     )
     return y.reshape(*lead, k)
 
@@ -94,22 +107,25 @@ def rms_norm_dense(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, ...]:
     """RMSNorm(x; scale) @ kernel + bias, the norm never materialized on the kernel path.
 
     `kernel` may be a sequence ([wq, wk, wv]); the result is then a tuple and
     `bias` a matching sequence (or None). `scale=None` means the gain is already
-    folded into the kernels (see `jaxnorm.fold`).
+    folded into the kernels (see `jaxnorm.fold`). With `axis_name` (row-parallel)
+    x, scale and the kernels' rows are this shard's K-slice; the result is whole.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
+    axis = sharding.normalize_axis_name(axis_name, x)
     x2, lead = _flatten(x)
     outs = autodiff.norm_dense(
         "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
-        impl=impl,
+        impl=impl, axis_name=axis,
     )
     return _unflatten_outputs(outs, lead, is_seq)
 
@@ -124,14 +140,17 @@ def layer_norm_dense(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, ...]:
-    """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels as in `rms_norm_dense`."""
+    """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels and `axis_name` as in
+    `rms_norm_dense`."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
     _checks.check_vector("norm_bias", norm_bias, k)
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
+    axis = sharding.normalize_axis_name(axis_name, x)
     x2, lead = _flatten(x)
     outs = autodiff.norm_dense(
         "layer",
@@ -143,6 +162,7 @@ def layer_norm_dense(
         eps=eps,
         scale_offset=scale_offset,
         impl=impl,
+        axis_name=axis,
     )
     return _unflatten_outputs(outs, lead, is_seq)
 
@@ -184,19 +204,23 @@ def dense_rms_norm(
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain (scale + scale_offset).
 
     With `residual`, returns (normed, pre-norm sum) so the sum can feed the
     residual stream without being recomputed. `scale_offset=1.0` is Gemma's
-    (1 + scale) gain.
+    (1 + scale) gain. With `axis_name` (column-parallel) the kernel's columns and
+    the N-vectors are this shard's N-slice, normalized with whole-row statistics.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)
+    axis = sharding.normalize_axis_name(axis_name, w, "kernel")
     gain = _offset_gain(scale, scale_offset)
-    y, h = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps, impl=impl)
+    y, h = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps, impl=impl,
+                               axis_name=axis)
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))
 
@@ -212,6 +236,7 @@ def dense_layer_norm(
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     impl: str | None = None,
+    axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Post-norm LayerNorm(x @ kernel + bias [+ residual]); see `dense_rms_norm`."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
@@ -219,9 +244,11 @@ def dense_layer_norm(
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
     _checks.check_vector("scale", scale, n)
     _checks.check_vector("norm_bias", norm_bias, n)
+    axis = sharding.normalize_axis_name(axis_name, w, "kernel")
     gain = _offset_gain(scale, scale_offset)
     y, h = autodiff.dense_norm(
-        "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl
+        "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl,
+        axis_name=axis,
     )
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))
