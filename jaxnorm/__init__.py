@@ -3,11 +3,12 @@
 Functional ops (x is [..., K]; output dtype follows x; float32 statistics):
 `rms_norm`, `layer_norm`, `rms_norm_dense`, `layer_norm_dense` (pre-norm),
 `dense_rms_norm`, `dense_layer_norm` (post-norm). `jaxnorm.fold` folds norm
-gains into the weights they feed. `impl` picks the implementation: None
+gains into the weights they feed; `jaxnorm.flashify` does it for a whole
+parameter tree. `impl` picks the implementation: None
 (automatic), "xla", "mosaic" or "interpret".
 """
 
-from jaxnorm import fold
+from jaxnorm import flashify, fold
 from jaxnorm.dispatch import Unsupported, fallback_reasons
 from jaxnorm.ops import (
     dense_layer_norm,
@@ -23,6 +24,7 @@ __all__ = [
     "dense_layer_norm",
     "dense_rms_norm",
     "fallback_reasons",
+    "flashify",
     "fold",
     "layer_norm",
     "layer_norm_dense",
