@@ -8,7 +8,7 @@ import pytest
 from flax import linen as nn
 
 import jaxnorm.linen as jlinen
-from judge_layers import assert_grads_match, assert_outputs_match, gain_init, shift_init
+from verify.layer_pairs import assert_grads_match, assert_outputs_match, gain_init, shift_init
 
 EPS = 1e-5
 K = 48
