@@ -75,6 +75,11 @@ def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str,
     return chosen, impl is None and chosen != "xla"
 
 
+def _norm_params(kind: str, scale: Array | None, bias: Array | None) -> tuple:
+    """The norm's parameters as the backends take them: (scale,) or (scale, bias)."""
+    return (scale,) if kind == "rms" else (scale, bias)
+
+
 def _stock_fwd(op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
     """The xla formulation's output and its JAX VJP (a pytree the backward calls)."""
     return jax.vjp(lambda *a: dispatch.call(op, "xla", *a, **kwargs), *args)
@@ -143,7 +148,7 @@ def _norm_primal(s: _Static, x: Array, scale: Array | None, bias: Array | None,
     if s.axis_name is not None:
         gain = _gain(scale, s.scale_offset)
         return sharding.normalized(s.kind, x.astype(F32), stats, gain, bias).astype(x.dtype)
-    args = (x, scale) if s.kind == "rms" else (x, scale, bias)
+    args = (x, *_norm_params(s.kind, scale, bias))
     return _forward(s, f"{s.kind}_norm", *args, scale_offset=s.scale_offset)
 
 
@@ -159,7 +164,7 @@ def _norm(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Arra
 
 def _norm_fwd(s: _Static, x, scale, bias):
     if s.automatic:
-        args = (x, scale) if s.kind == "rms" else (x, scale, bias)
+        args = (x, *_norm_params(s.kind, scale, bias))
         return _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset)
     stats = _row_stats(s, x.astype(F32))
     return _norm_primal(s, x, scale, bias, stats), (x, scale, stats)
@@ -191,7 +196,7 @@ def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: f
                 kind, *a, eps=eps, scale_offset=scale_offset, impl=impl, axis_name=axis))
         if explicit is not None:
             return explicit
-        op, args = f"{kind}_norm", ((x, scale) if kind == "rms" else (x, scale, bias))
+        op, args = f"{kind}_norm", (x, *_norm_params(kind, scale, bias))
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
             return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
@@ -213,7 +218,7 @@ def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases,
         gain = _gain(scale, s.scale_offset)
         normed = sharding.normalized(s.kind, x.astype(F32), stats, gain, norm_bias)
         return sharding.row_parallel_products(normed.astype(x.dtype), kernels, s.axis_name)
-    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    norm_args = _norm_params(s.kind, scale, norm_bias)
     return _forward(s, f"{s.kind}_norm_dense", x, *norm_args, kernels, biases,
                     scale_offset=s.scale_offset)
 
@@ -225,7 +230,7 @@ def _norm_dense(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array
 
 def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
     if s.automatic:
-        norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+        norm_args = _norm_params(s.kind, scale, norm_bias)
         return _stock_fwd(f"{s.kind}_norm_dense", x, *norm_args, kernels, biases, eps=s.eps,
                           scale_offset=s.scale_offset)
     stats = _row_stats(s, x.astype(F32))
@@ -284,8 +289,7 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
         if explicit is not None:
             return explicit
         op = f"{kind}_norm_dense"
-        args = ((x, scale, kernels, biases) if kind == "rms"
-                else (x, scale, norm_bias, kernels, biases))
+        args = (x, *_norm_params(kind, scale, norm_bias), kernels, biases)
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
             return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
@@ -309,7 +313,7 @@ def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, 
         h = sharding.split_pre_norm_sum(x, kernel, bias, residual, None)
         y = sharding.normalized(s.kind, h, _row_stats(s, h), _gain(scale, 0.0), norm_bias)
         return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
-    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    norm_args = _norm_params(s.kind, scale, norm_bias)
     return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
                     pre_norm_sum=pre_norm_sum)
 
@@ -328,7 +332,7 @@ def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
 
 def _dense_norm_stock(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
     """The xla formulation with _dense_norm's output structure."""
-    norm_args = (scale,) if s.kind == "rms" else (scale, norm_bias)
+    norm_args = _norm_params(s.kind, scale, norm_bias)
     y, h = dispatch.call(f"dense_{s.kind}_norm", "xla", x, kernel, bias, *norm_args, residual,
                          eps=s.eps, pre_norm_sum=_has_residual(s))
     return (y, h) if _has_residual(s) else y
@@ -381,7 +385,7 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
             lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis))
         if explicit is not None:
             return explicit
-        norm_args = (scale,) if kind == "rms" else (scale, norm_bias)
+        norm_args = _norm_params(kind, scale, norm_bias)
         chosen, automatic = _resolve(f"dense_{kind}_norm", impl, x, kernel, bias, *norm_args,
                                      residual, eps=eps, pre_norm_sum=residual is not None)
     else:

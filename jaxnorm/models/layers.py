@@ -111,7 +111,7 @@ def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: A
                                   scale_offset=cfg.scale_offset, impl=cfg.impl)
 
 
-def tied_logits(cfg: ModelConfig, norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:
+def tied_logits(norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:
     """Final norm, then logits against the embedding table as stored ([V, D], never a
     transposed copy; it is shared with the input, so never folded either)."""
     return embed.attend(norm(x))

@@ -169,7 +169,7 @@ class Transformer(nnx.Module):
                  pad: Array | None = None) -> tuple[Array, KVCache | None]:
         x, cache = self.hidden(tokens, start=start, cache=cache, pad=pad)
         if self.cfg.tied_embeddings:
-            logits = layers.tied_logits(self.cfg, self.head_norm, self.embed, x)
+            logits = layers.tied_logits(self.head_norm, self.embed, x)
         else:
             (logits,) = self.head(x)
         return layers.softcap(logits, self.cfg.final_softcap), cache
