@@ -89,6 +89,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     k_iters = k // tile_k
     n_iters = sum(n_tiles)
     n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
+    weights_n = [w.shape[1] for w in w_gmems]
     steps = config.max_concurrent_steps
     num_mma_wgs, memory_wg = 2, 2
     num_vectors = len(row_names) + len(col_names)
@@ -246,13 +247,19 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
                 def store(src, r, c):
                     def copy(i, local_n):
-                        plgpu.copy_smem_to_gmem(
-                            src,
-                            out_gmems[i].at[
-                                pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
-                                pl.ds(local_n * cta_tile_n + wg_n0 + c, epi_n),
-                            ],
-                        )
+                        col = local_n * cta_tile_n + wg_n0 + c
+
+                        # A piece wholly past N_i is not stored: such a TMA store wrote over
+                        # the weight's valid columns on the H200 (docs/mosaic-notes.md).
+                        @pl.when(col < weights_n[i])
+                        def _():
+                            plgpu.copy_smem_to_gmem(
+                                src,
+                                out_gmems[i].at[
+                                    pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
+                                    pl.ds(col, epi_n),
+                                ],
+                            )
 
                     for_weight(n_idx, copy)
 
