@@ -13,6 +13,10 @@ time, and CUPTI kernel time with the kernels' names where the profiler works):
   vs jaxnorm (fused=True). Time in collectives: CUPTI's NCCL kernels; the
   bytes each collective moves: from the compiled HLO (bench.collectives). The
   sharded loss is checked against the same step on one device.
+- forward: the same models' jitted forward (prefill) with parameters and tokens
+  sharded for each layout: which Mosaic kernels jaxnorm's executable launches
+  (CUPTI names, and the compiled HLO's Mosaic custom calls), so a sharded `jit`
+  is seen to keep the kernels that an unsharded one picks.
 - row_parallel: rms_norm_dense with x's K split over the devices
   (`axis_name`: [M] statistics and the [M, N] float32 outputs all-reduced)
   against all-gathering x, then the whole op on every device; values judged
@@ -37,7 +41,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
-from bench import timing
+from flax import nnx
+
+from bench import model_suite, timing
 from bench.collectives import Collective, compiled_collectives
 from examples import train_sharded
 from jaxnorm import models
@@ -107,6 +113,47 @@ def train_rows(presets: dict, layouts: list[str], batch: int, seq_len: int,
     return rows
 
 
+def _mosaic_calls(fn, *args) -> int:
+    """Mosaic GPU custom calls in fn's compiled HLO (0 wherever dispatch chose xla)."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return text.count('custom_call_target="mosaic_gpu')
+
+
+def forward_rows(presets: dict, layouts: list[str], batch: int, seq_len: int,
+                 repeats: int, dtype) -> list[dict[str, Any]]:
+    rows = []
+    for preset, dims in presets.items():
+        for layout in layouts:
+            for variant, fused in (("stock", False), ("jaxnorm", True)):
+                cfg = models.llama(fused=fused, dtype=dtype, param_dtype=dtype, **dims)
+                mesh = train_sharded.make_mesh(layout, tp=jax.device_count())
+                train_sharded.check_divisible(cfg, mesh, batch)
+                graphdef, params = nnx.split(models.Transformer(cfg, rngs=nnx.Rngs(0)))
+                params = jax.device_put(params, jax.tree_util.tree_map_with_path(
+                    lambda path, _: NamedSharding(mesh, train_sharded.param_spec(path, layout)),
+                    params))
+                tokens = jax.device_put(
+                    jax.random.randint(jax.random.key(1), (batch, seq_len), 0, cfg.vocab_size),
+                    NamedSharding(mesh, P("data", None)))
+
+                def forward(p, toks):
+                    return nnx.merge(graphdef, p)(toks)[0]
+
+                fn, leaves = _flat_step(lambda p, t: forward(p, t), (params, tokens))
+                t = timing.measure(fn, [leaves], repeats=repeats, warmup=2)
+                mosaic = sorted({name for name, _ in t.kernels or []
+                                 if model_suite.kernel_class(name) == "mosaic"})
+                rows.append({
+                    "part": "forward", "preset": preset, "layout": layout, "variant": variant,
+                    "devices": jax.device_count(), "mesh": dict(mesh.shape), "batch": batch,
+                    "seq_len": seq_len, "wall_us": t.wall_us, "kernel_us": t.kernel_us,
+                    "kernels": t.kernels, "cupti_error": t.cupti_error,
+                    "mosaic_kernels": mosaic, "mosaic_custom_calls": _mosaic_calls(fn, *leaves),
+                })
+                del params, leaves
+    return rows
+
+
 def _row_parallel_fns(mesh):
     def row_parallel(x, scale, w):
         return jaxnorm.rms_norm_dense(x, scale, w, axis_name="model")
@@ -173,6 +220,13 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
         lines.append(f"| {r['preset']} | {r['layout']} | {r['variant']} | {_us(r['wall_us'])} | "
                      f"{_us(r['kernel_us'])} | {_us(r['nccl_us'])} | "
                      f"{r['collectives']['bytes']} | {r['loss_matches']} | {ratio:.3f} |")
+    lines += ["", "## Forward (prefill), sharded jit: the Mosaic kernels jaxnorm keeps", "",
+              "| preset | layout | variant | wall us | kernel us | Mosaic custom calls | "
+              "Mosaic kernels launched |", "|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["part"] == "forward"):
+        lines.append(f"| {r['preset']} | {r['layout']} | {r['variant']} | {_us(r['wall_us'])} | "
+                     f"{_us(r['kernel_us'])} | {r['mosaic_custom_calls']} | "
+                     f"{', '.join(r['mosaic_kernels']) or '-'} |")
     lines += ["", "## rms_norm_dense with K split over the devices", "",
               "| variant | M x K x N | wall us | kernel us | NCCL us | statistics bytes | "
               "all bytes | all-gather of x would move | within tolerance |",
@@ -191,21 +245,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         default=Path(os.environ.get("OUT") or tempfile.mkdtemp()))
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU host devices)")
     parser.add_argument("--layouts", default="data,tensor")
+    parser.add_argument("--parts", default="train,forward,row_parallel",
+                        help="which parts to run (comma-separated)")
     parser.add_argument("--repeats", type=int, default=20)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
-    layouts = args.layouts.split(",")
+    layouts, parts = args.layouts.split(","), args.parts.split(",")
     if args.quick:
-        rows = train_rows(QUICK_PRESETS, layouts, batch=jax.device_count(), seq_len=16,
-                          repeats=3, dtype=jnp.float32)
-        rows += row_parallel_rows(64, 64 * jax.device_count(), 64, 3, np.float32)
+        presets, batch, seq_len, repeats, dtype = (QUICK_PRESETS, jax.device_count(), 16, 3,
+                                                   jnp.float32)
+        row_parallel_shape, row_dtype = (64, 64 * jax.device_count(), 64), np.float32
     else:
-        rows = train_rows(PRESETS, layouts, batch=4 * jax.device_count(), seq_len=1024,
-                          repeats=args.repeats, dtype=jnp.bfloat16)
-        rows += row_parallel_rows(8192, 4096, 4096, args.repeats, jnp.bfloat16)
+        presets, batch, seq_len, repeats, dtype = (PRESETS, 4 * jax.device_count(), 1024,
+                                                   args.repeats, jnp.bfloat16)
+        row_parallel_shape, row_dtype = (8192, 4096, 4096), jnp.bfloat16
+    rows = []
+    if "train" in parts:
+        rows += train_rows(presets, layouts, batch, seq_len, repeats, dtype)
+    if "forward" in parts:
+        rows += forward_rows(presets, layouts, batch, seq_len, repeats, dtype)
+    if "row_parallel" in parts:
+        rows += row_parallel_rows(*row_parallel_shape, repeats, row_dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
     (args.out / "multi-gpu.json").write_text(json.dumps(

@@ -191,18 +191,3 @@ def test_default_config_is_valid(m, ns):
     assert gemm_config.smem_bytes(config, 2) <= hardware.SMEM_BYTES_PER_CTA
     if m <= 64:
         assert config.tile_m == 64  # the decode config
-
-
-def test_gpu_quarantine_refuses_the_launches_that_failed_on_the_h200():
-    """A multi-weight launch with a weight narrower than the CTA tile, or mixing biased and
-    bias-free weights, is refused on the GPU (docs/mosaic-notes.md, quarantine); the
-    interpreter, which computes them right, still runs them."""
-    x = jnp.zeros((2048, 4096), jnp.bfloat16)
-    wide, narrow = jnp.zeros((4096, 4096), jnp.bfloat16), jnp.zeros((4096, 64), jnp.bfloat16)
-    bias = jnp.zeros((4096,), jnp.float32)
-    with pytest.raises(Unsupported, match="not a multiple"):
-        mosaic_dense._config(x, (wide, narrow), (None, None), interpret=False)
-    with pytest.raises(Unsupported, match="mixing weights"):
-        mosaic_dense._config(x, (wide, wide), (bias, None), interpret=False)
-    mosaic_dense._config(x, (wide, wide), (bias, bias), interpret=False)
-    mosaic_dense._config(x, (wide, narrow), (bias, None), interpret=True)

@@ -34,36 +34,9 @@ def _check(x: Array, kernels: tuple[Array, ...], op: str, interpret: bool) -> Ar
     return x if interpret else on_gpu_only(x, op)
 
 
-def _config(x: Array, kernels: tuple[Array, ...], biases: tuple[Array | None, ...],
-            interpret: bool) -> lazy.TuningConfig:
+def _config(x: Array, kernels: tuple[Array, ...]) -> lazy.TuningConfig:
     m, k = x.shape
-    ns = [w.shape[1] for w in kernels]
-    config = lazy.default_config(m, k, ns)
-    if not interpret and len(kernels) > 1:
-        _quarantine(ns, biases, config)
-    return config
-
-
-def _quarantine(ns: list[int], biases: tuple[Array | None, ...],
-                config: lazy.TuningConfig) -> None:
-    """Refuse the launch that failed on the H200 until its cause is found.
-
-    bench/gpu/check_kernels.py (2026-12-01, bench/results/2026-12-01-model) found
-    zeros in the second output of 2048x4096x(4096 + 64) with biases (b, None) on
-    the GPU, while the interpreter computes it right and (4096 + 1024) with a bias
-    on each weight passed before. What differs: a weight narrower than the CTA tile
-    and a launch mixing weights with and without a bias; both go to xla.
-    """
-    narrow = [n for n in ns if n % config.cta_tile_n]
-    if narrow:
-        raise Unsupported(
-            f"weights of N={narrow} are not a multiple of the {config.cta_tile_n}-wide CTA "
-            "tile in a multi-weight launch, which gave wrong values on the H200 "
-            "(docs/mosaic-notes.md, quarantine)")
-    if len({b is None for b in biases}) > 1:
-        raise Unsupported(
-            "a multi-weight launch mixing weights with and without a bias gave wrong values on "
-            "the H200 (docs/mosaic-notes.md, quarantine)")
+    return lazy.default_config(m, k, [w.shape[1] for w in kernels])
 
 
 @register("rms_norm_dense", "mosaic")
@@ -80,7 +53,7 @@ def rms_norm_dense(
     x = _check(x, kernels, "rms_norm_dense", interpret)
     return lazy.lazy_rms_matmul(
         x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
-        config=_config(x, kernels, biases, interpret), interpret=interpret,
+        config=_config(x, kernels), interpret=interpret,
     )
 
 
@@ -99,7 +72,7 @@ def layer_norm_dense(
     x = _check(x, kernels, "layer_norm_dense", interpret)
     return lazy.lazy_layer_norm_matmul(
         x, kernels, eps=eps, scale=scale, norm_bias=norm_bias, scale_offset=scale_offset,
-        biases=biases, config=_config(x, kernels, biases, interpret), interpret=interpret,
+        biases=biases, config=_config(x, kernels), interpret=interpret,
     )
 
 
