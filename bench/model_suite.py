@@ -79,6 +79,12 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
                                 n_kv_heads=8, head_dim=128, d_ff=9728, rope_theta=1e6,
                                 qk_norm=True, tied_embeddings=True),
                prefill=(4, 2048), train=(2, 2048)),
+    # Six layers: five sliding (window 512, rope base 1e4) and one full, as Gemma 3 repeats.
+    ModelShape("gemma3-1b", models.gemma3(
+        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, vocab_size=262144, d_model=1152,
+        n_layers=6, n_heads=4, n_kv_heads=1, head_dim=256, d_ff=6912,
+        query_pre_attn_scalar=256.0),
+               prefill=(4, 1024), train=(2, 1024)),
 )}
 
 QUICK = ModelShape("tiny", _cfg(vocab_size=256, d_model=128, n_layers=2, n_heads=4,
