@@ -154,3 +154,11 @@ def test_qk_norm(shape, seed):
     err = identities.qk_norm_scores(_draw(seed, m, k), _draw(seed + 1, n, k), _draw(seed + 2, k),
                                     _draw(seed + 3, k), 1e-6)
     assert err < FLOAT64_LEVEL * k
+
+
+@given(st.integers(1, 6), st.integers(1, 40), seeds, st.floats(0.0, 1e5))
+def test_rope_keeps_the_row_scale(m, half, seed, max_position):
+    positions = np.random.default_rng(seed).uniform(0.0, max_position, m)
+    err = identities.rope_norm(_draw(seed, m, 2 * half), positions, _draw(seed + 1, 2 * half),
+                               1e-6)
+    assert err < FLOAT64_LEVEL * 2 * half * 10  # sin/cos of large angles round at ~1e-16 too

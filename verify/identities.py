@@ -142,3 +142,24 @@ def qk_norm_scores(q, k, gq, gk, eps: float) -> float:
     rq, rk = ref.rms_inverse(q, eps), ref.rms_inverse(k, eps)
     rhs = rq * ((q * (gq * gk)) @ k.T) * rk.T
     return _rel(lhs, rhs)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float = 10_000.0) -> np.ndarray:
+    """Rotary embedding of rows x [T, D] at positions [T], rotating halves (Llama layout)."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    angles = positions[:, None] * inv
+    x1, x2 = x[:, : d // 2], x[:, d // 2:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope_norm(q: np.ndarray, positions: np.ndarray, g: np.ndarray, eps: float) -> float:
+    """7. ||RoPE(q)|| = ||q|| per row, so r(RoPE(q)) = r(q) and the row scale commutes with
+    RoPE: RoPE(RMSNorm(q; g)) = diag(r(q)) RoPE(q * g). A decode epilogue may apply QK-norm's
+    row scale after RoPE, with the statistic taken before or after the rotation."""
+    rotated = rope(q, positions)
+    norms = _rel(np.linalg.norm(rotated, axis=-1), np.linalg.norm(q, axis=-1))
+    scale_after = _rel(rope(ref.rms_norm(q, g, eps=eps), positions),
+                       ref.rms_inverse(rotated, eps) * rope(q * g, positions))
+    return max(norms, scale_after)
