@@ -2,7 +2,8 @@
 
 Functional ops (x is [..., K]; output dtype follows x; float32 statistics):
 `rms_norm`, `layer_norm`, `rms_norm_dense`, `layer_norm_dense` (pre-norm),
-`dense_rms_norm`, `dense_layer_norm` (post-norm). `jaxnorm.fold` folds norm
+`dense_rms_norm`, `dense_layer_norm` (post-norm); `residual_dense` (h = x @ W + b + r
+and h's `RowStats`, which the pre-norm ops take as `statistics=`). `jaxnorm.fold` folds norm
 gains into the weights they feed; `jaxnorm.flashify` does it for a whole
 parameter tree. `impl` picks the implementation: None
 (automatic), "xla", "mosaic" or "interpret".
@@ -18,8 +19,11 @@ from jaxnorm.ops import (
     rms_norm,
     rms_norm_dense,
 )
+from jaxnorm.residual import residual_dense
+from jaxnorm.row_stats import RowStats
 
 __all__ = [
+    "RowStats",
     "Unsupported",
     "dense_layer_norm",
     "dense_rms_norm",
@@ -28,6 +32,7 @@ __all__ = [
     "fold",
     "layer_norm",
     "layer_norm_dense",
+    "residual_dense",
     "rms_norm",
     "rms_norm_dense",
 ]

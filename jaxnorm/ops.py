@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, autodiff, sharding
+from jaxnorm import _checks, autodiff, given_statistics, row_stats, sharding
 from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
 
 ArrayLike = jax.typing.ArrayLike
@@ -91,6 +91,19 @@ def layer_norm(
     return y.reshape(*lead, k)
 
 
+def _given_statistics(
+    kind: str, x: jax.Array, statistics: object, axis: tuple | None, **kwargs
+) -> tuple[jax.Array, ...]:
+    """The pre-norm dense op with x's row statistics given (`jaxnorm.RowStats`)."""
+    stats = row_stats.check("statistics", statistics, x.shape)
+    if axis is not None:
+        raise ValueError("statistics= and axis_name= together are not served: with K sharded, "
+                         "pass the statistics of the whole rows to a call without axis_name")
+    k = x.shape[-1]
+    flat = row_stats.RowStats(stats.mean.reshape(-1), stats.m2.reshape(-1), k)
+    return given_statistics.norm_dense(kind, x.reshape(-1, k), stats=flat, **kwargs)
+
+
 def _unflatten_outputs(
     outs: tuple[jax.Array, ...], lead: tuple[int, ...], is_seq: bool
 ) -> jax.Array | tuple[jax.Array, ...]:
@@ -108,6 +121,7 @@ def rms_norm_dense(
     scale_offset: float = 0.0,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
+    statistics: row_stats.RowStats | None = None,
 ) -> jax.Array | tuple[jax.Array, ...]:
     """RMSNorm(x; scale) @ kernel + bias, the norm never materialized on the kernel path.
 
@@ -115,6 +129,8 @@ def rms_norm_dense(
     `bias` a matching sequence (or None). `scale=None` means the gain is already
     folded into the kernels (see `jaxnorm.fold`). With `axis_name` (row-parallel)
     x, scale and the kernels' rows are this shard's K-slice; the result is whole.
+    `statistics` (x's `RowStats`, from `residual_dense`) gives the row scale
+    rsqrt(m2/K + mean^2 + eps) without a reduction over x.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
@@ -122,6 +138,11 @@ def rms_norm_dense(
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
     axis = sharding.normalize_axis_name(axis_name, x)
+    if statistics is not None:
+        outs = _given_statistics("rms", x, statistics, axis, scale=_array(scale), norm_bias=None,
+                                 kernels=kernels, biases=biases, eps=eps,
+                                 scale_offset=scale_offset, impl=impl)
+        return _unflatten_outputs(outs, x.shape[:-1], is_seq)
     x2, lead = _flatten(x)
     outs = autodiff.norm_dense(
         "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
@@ -141,9 +162,10 @@ def layer_norm_dense(
     scale_offset: float = 0.0,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
+    statistics: row_stats.RowStats | None = None,
 ) -> jax.Array | tuple[jax.Array, ...]:
-    """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels and `axis_name` as in
-    `rms_norm_dense`."""
+    """LayerNorm(x; scale, norm_bias) @ kernel + bias; several kernels, `axis_name` and
+    `statistics` (mean and s = rsqrt(m2/K + eps) from them) as in `rms_norm_dense`."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
     _checks.check_vector("scale", scale, k)
@@ -151,6 +173,11 @@ def layer_norm_dense(
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
     axis = sharding.normalize_axis_name(axis_name, x)
+    if statistics is not None:
+        outs = _given_statistics("layer", x, statistics, axis, scale=_array(scale),
+                                 norm_bias=_array(norm_bias), kernels=kernels, biases=biases,
+                                 eps=eps, scale_offset=scale_offset, impl=impl)
+        return _unflatten_outputs(outs, x.shape[:-1], is_seq)
     x2, lead = _flatten(x)
     outs = autodiff.norm_dense(
         "layer",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import lazy_norm_matmul as lazy
@@ -45,15 +46,17 @@ def rms_norm_dense(
     scale: Array | None,
     kernels: tuple[Array, ...],
     biases: tuple[Array | None, ...],
+    stats: row_stats.RowStats | None = None,
     *,
     eps: float,
     scale_offset: float,
     interpret: bool,
 ) -> tuple[Array, ...]:
     x = _check(x, kernels, "rms_norm_dense", interpret)
+    row_scale = None if stats is None else row_stats.rms_inverse(stats, eps)
     return lazy.lazy_rms_matmul(
         x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
-        config=_config(x, kernels), interpret=interpret,
+        row_scale=row_scale, config=_config(x, kernels), interpret=interpret,
     )
 
 
@@ -64,15 +67,20 @@ def layer_norm_dense(
     norm_bias: Array | None,
     kernels: tuple[Array, ...],
     biases: tuple[Array | None, ...],
+    stats: row_stats.RowStats | None = None,
     *,
     eps: float,
     scale_offset: float,
     interpret: bool,
 ) -> tuple[Array, ...]:
     x = _check(x, kernels, "layer_norm_dense", interpret)
+    row_vectors = None
+    if stats is not None:
+        inv_std = row_stats.inverse_std(stats, eps)
+        row_vectors = (inv_std, inv_std * stats.mean)
     return lazy.lazy_layer_norm_matmul(
         x, kernels, eps=eps, scale=scale, norm_bias=norm_bias, scale_offset=scale_offset,
-        biases=biases, config=_config(x, kernels), interpret=interpret,
+        biases=biases, row_vectors=row_vectors, config=_config(x, kernels), interpret=interpret,
     )
 
 
@@ -103,10 +111,11 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
 
 
 @decline_automatic("rms_norm_dense")
-def _decline_rms_norm_dense(x, scale, kernels, biases, **kwargs) -> str | None:
+def _decline_rms_norm_dense(x, scale, kernels, biases, *stats, **kwargs) -> str | None:
     return _slower_than_xla(x, kernels)
 
 
 @decline_automatic("layer_norm_dense")
-def _decline_layer_norm_dense(x, scale, norm_bias, kernels, biases, **kwargs) -> str | None:
+def _decline_layer_norm_dense(x, scale, norm_bias, kernels, biases, *stats,
+                              **kwargs) -> str | None:
     return _slower_than_xla(x, kernels)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm import statistics
+from jaxnorm import row_stats, statistics
 from jaxnorm.dispatch import register
 
 Array = jax.Array
@@ -82,13 +82,20 @@ def rms_norm_dense(
     scale: Array | None,
     kernels: tuple[Array, ...],
     biases: tuple[Array | None, ...],
+    stats: row_stats.RowStats | None = None,
     *,
     eps: float,
     scale_offset: float,
 ) -> tuple[Array, ...]:
-    """The unfused pattern users write: normalize once (in x.dtype), then one dot per kernel."""
-    normed = rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
-    return _dense_outputs(normed, kernels, biases)
+    """The unfused pattern users write: normalize once (in x.dtype), then one dot per kernel.
+
+    With `stats` (x's rows' RowStats) the row scale comes from them, not from x."""
+    if stats is None:
+        normed = rms_normalized_f32(x, scale, eps, scale_offset)
+    else:
+        r = row_stats.rms_inverse(stats, eps)
+        normed = x.astype(jnp.float32) * r[:, None] * _gain(scale, scale_offset)
+    return _dense_outputs(normed.astype(x.dtype), kernels, biases)
 
 
 @register("layer_norm_dense", "xla")
@@ -98,12 +105,19 @@ def layer_norm_dense(
     norm_bias: Array | None,
     kernels: tuple[Array, ...],
     biases: tuple[Array | None, ...],
+    stats: row_stats.RowStats | None = None,
     *,
     eps: float,
     scale_offset: float,
 ) -> tuple[Array, ...]:
-    normed = layer_normalized_f32(x, scale, norm_bias, eps, scale_offset).astype(x.dtype)
-    return _dense_outputs(normed, kernels, biases)
+    if stats is None:
+        normed = layer_normalized_f32(x, scale, norm_bias, eps, scale_offset)
+    else:
+        s = row_stats.inverse_std(stats, eps)
+        normed = (x.astype(jnp.float32) - stats.mean[:, None]) * s[:, None]
+        normed = normed * _gain(scale, scale_offset)
+        normed = normed if norm_bias is None else normed + norm_bias.astype(jnp.float32)
+    return _dense_outputs(normed.astype(x.dtype), kernels, biases)
 
 
 def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array | None) -> Array:
@@ -150,3 +164,15 @@ def dense_layer_norm(
     if norm_bias is not None:
         y = y + norm_bias.astype(jnp.float32)
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
+
+
+@register("residual_dense", "xla")
+def residual_dense(
+    x: Array, kernel: Array, bias: Array | None, residual: Array
+) -> tuple[Array, Array, Array]:
+    """(h, mean, m2): h = x @ W + b + residual as XLA users write it (one dot in x.dtype, the
+    residual added in x.dtype, which XLA fuses into cuBLAS as beta = 1), then h's two-pass
+    float32 row statistics."""
+    h = _linear(x, kernel, bias) + residual.astype(x.dtype)
+    stats = row_stats.of_rows(h)
+    return h, stats.mean, stats.m2

@@ -1,0 +1,66 @@
+"""Pre-norm dense ops whose row statistics come from the producer of x (`jaxnorm.RowStats`).
+
+With statistics given, the row scale is r = rsqrt(m2/K + mean^2 + eps) (RMSNorm)
+or (mean, rsqrt(m2/K + eps)) (LayerNorm), computed from M floats, and x is read
+only by the GEMM. The statistics are an input like any other: the backward
+returns their cotangent, so `residual_dense` -> `rms_norm_dense(statistics=...)`
+has the gradient of the unfused h -> norm -> dense.
+
+The kernel forward is paired with the backward of the xla formulation (the same
+algebra, differentiated by JAX), which is exact for that formulation and needs
+no normalized activation saved.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+
+from jaxnorm import dispatch
+from jaxnorm.row_stats import RowStats
+
+Array = jax.Array
+
+
+class _Static(NamedTuple):
+    op: str
+    impl: str
+    eps: float
+    scale_offset: float
+
+
+def _call(s: _Static, impl: str, args: tuple):
+    return dispatch.call(s.op, impl, *args, eps=s.eps, scale_offset=s.scale_offset)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _given(s: _Static, args: tuple):
+    return _call(s, s.impl, args)
+
+
+def _given_fwd(s: _Static, args: tuple):
+    return _call(s, s.impl, args), args
+
+
+def _given_bwd(s: _Static, args: tuple, cotangents):
+    _, vjp = jax.vjp(lambda a: _call(s, "xla", a), args)
+    return vjp(cotangents)
+
+
+_given.defvjp(_given_fwd, _given_bwd)
+
+
+def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
+               kernels: tuple[Array, ...], biases: tuple[Array | None, ...], stats: RowStats, *,
+               eps: float, scale_offset: float, impl: str | None) -> tuple[Array, ...]:
+    """rms_norm_dense (kind="rms") or layer_norm_dense of 2-D x with x's rows' statistics."""
+    op = f"{kind}_norm_dense"
+    params = (scale,) if kind == "rms" else (scale, norm_bias)
+    args = (x, *params, kernels, biases, stats)
+    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+    s = _Static(op, chosen, eps, scale_offset)
+    if chosen == "xla":
+        return _call(s, "xla", args)  # plain JAX: differentiated as the stock layers are
+    return _given(s, args)

@@ -1,0 +1,98 @@
+"""Per-row statistics handed from the GEMM that writes a row to the norm that reads it.
+
+`RowStats` carries, per row of h (length `length`), the float32 mean and M2, the
+sum of squared deviations about that mean. Both norms follow from it without
+reading h again (docs/design.md, "Statistics from the producer"):
+
+    RMSNorm:   r = rsqrt(mean(h^2) + eps) = rsqrt(m2 / K + mean^2 + eps)
+    LayerNorm: mu = mean,  s = rsqrt(m2 / K + eps)
+
+(mean, M2) rather than (sum, sum of squares): the variance of a row with
+|mean| >> std is a difference of two nearly equal sums of squares and loses its
+digits in float32, while M2 is a sum of small, already-centred squares. Partials
+of column blocks combine by Chan's formula (`from_partials`), which only ever
+subtracts nearby means.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm.statistics import safe_rsqrt
+
+Array = jax.Array
+F32 = jnp.float32
+
+
+class RowStats(NamedTuple):
+    """float32 per-row `mean` and `m2` (shape: the rows' leading dims) of rows of `length`.
+
+    A pytree whose leaves are `mean` and `m2`; `length` is static (tree metadata).
+    """
+
+    mean: Array
+    m2: Array
+    length: int
+
+
+jax.tree_util.register_pytree_node(
+    RowStats,
+    lambda s: ((s.mean, s.m2), s.length),
+    lambda length, leaves: RowStats(*leaves, length),
+)
+
+
+def of_rows(h: Array) -> RowStats:
+    """Two-pass float32 statistics of the rows of h (what the xla path computes)."""
+    h32 = h.astype(F32)
+    mean = jnp.mean(h32, axis=-1)
+    m2 = jnp.sum(jnp.square(h32 - mean[..., None]), axis=-1)
+    return RowStats(mean, m2, h.shape[-1])
+
+
+def from_partials(sums: Array, m2s: Array, count: int) -> tuple[Array, Array]:
+    """(mean, M2) per row from P column blocks' partial (sum, M2) [P, M], `count` columns each.
+
+    Chan et al.'s pairwise combine, with equal counts n: block means a_p = sum_p / n,
+    mean = average of a_p, M2 = sum_p M2_p + n sum_p (a_p - mean)^2. The second term
+    is a sum of squares of differences of nearby means: no cancellation.
+    """
+    block_means = sums.astype(F32) / count
+    mean = jnp.mean(block_means, axis=0)
+    spread = jnp.sum(jnp.square(block_means - mean[None, :]), axis=0)
+    return mean, jnp.sum(m2s.astype(F32), axis=0) + count * spread
+
+
+def rms_inverse(stats: RowStats, eps: float) -> Array:
+    """r = rsqrt(m2 / K + mean^2 + eps) per row, float32."""
+    mean = stats.mean.astype(F32)
+    return safe_rsqrt(stats.m2.astype(F32) / stats.length + mean * mean + eps)
+
+
+def inverse_std(stats: RowStats, eps: float) -> Array:
+    """s = rsqrt(m2 / K + eps) per row, float32 (LayerNorm's scale; its shift is the mean)."""
+    return safe_rsqrt(stats.m2.astype(F32) / stats.length + eps)
+
+
+def check(name: str, stats: object, x_shape: tuple[int, ...], x_name: str = "x") -> RowStats:
+    """`stats` as RowStats of rows shaped like x's ([..., K]); ValueError naming both shapes."""
+    if not isinstance(stats, RowStats):
+        raise TypeError(f"{name} must be jaxnorm.RowStats (as residual_dense returns); got "
+                        f"{type(stats).__name__}")
+    lead, k = tuple(x_shape[:-1]), x_shape[-1]
+    for field in ("mean", "m2"):
+        value = getattr(stats, field)
+        if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+            raise ValueError(f"{name}.{field} must be floating point; got "
+                             f"{jnp.result_type(value)}")
+        if tuple(jnp.shape(value)) != lead:
+            raise ValueError(
+                f"{name}.{field} has shape {tuple(jnp.shape(value))} but {x_name} has shape "
+                f"{tuple(x_shape)}: the statistics must have {x_name}'s leading shape {lead}")
+    if stats.length != k:
+        raise ValueError(f"{name}.length is {stats.length} but {x_name} has shape "
+                         f"{tuple(x_shape)}: rows of length K={k}")
+    return RowStats(jnp.asarray(stats.mean, F32), jnp.asarray(stats.m2, F32), k)
