@@ -31,6 +31,7 @@ from flax.nnx.nn.dtypes import promote_dtype
 from flax.typing import Dtype, Initializer
 
 from jaxnorm import ops
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 _DEFAULT_KERNEL_INIT = nnx.initializers.lecun_normal()
@@ -134,7 +135,7 @@ class _NormThenLinears(nnx.Module):
                 in_features, features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                 kernel_init=kernel_init, bias_init=bias_init, rngs=rngs))
 
-    def _project(self, x: Array) -> tuple[Array, ...]:
+    def _project(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
         linears = [getattr(self, name) for name in self.names]
         kernels = [linear.kernel[...] for linear in linears]
         biases = [None if linear.bias is None else linear.bias[...] for linear in linears]
@@ -144,7 +145,8 @@ class _NormThenLinears(nnx.Module):
         kernels, biases = params[: len(linears)], params[len(linears):]
         bias = None if all(b is None for b in biases) else biases
         norm = self.norm
-        common = dict(eps=norm.epsilon, scale_offset=norm.scale_offset, impl=norm.impl)
+        common = dict(eps=norm.epsilon, scale_offset=norm.scale_offset, impl=norm.impl,
+                      statistics=statistics)
         if norm.kind == "rms":
             return ops.rms_norm_dense(x, scale, kernels, bias, **common)
         return ops.layer_norm_dense(x, scale, norm_bias, kernels, bias, **common)
@@ -205,8 +207,9 @@ class RMSNormProjections(_NormThenLinears):
                          param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
                          rngs=rngs)
 
-    def __call__(self, x: Array) -> tuple[Array, ...]:
-        return self._project(x)
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
+        """`statistics`: x's `jaxnorm.RowStats` (from `residual_dense`), so x is not reduced."""
+        return self._project(x, statistics)
 
 
 class LayerNormLinear(_NormThenLinears):
@@ -262,8 +265,9 @@ class LayerNormProjections(_NormThenLinears):
                          param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
                          rngs=rngs)
 
-    def __call__(self, x: Array) -> tuple[Array, ...]:
-        return self._project(x)
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
+        """`statistics`: x's `jaxnorm.RowStats` (from `residual_dense`), so x is not reduced."""
+        return self._project(x, statistics)
 
 
 class _LinearThenNorm(nnx.Module):

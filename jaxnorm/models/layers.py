@@ -20,6 +20,7 @@ from flax.typing import Initializer
 
 import jaxnorm
 from jaxnorm import nnx as jnnx
+from jaxnorm.row_stats import RowStats
 from jaxnorm.models.config import ModelConfig, RopeScaling
 
 Array = jax.Array
@@ -54,7 +55,8 @@ class StockNormProjections(nnx.Module):
         for name, linear in linears.items():
             setattr(self, name, linear)
 
-    def __call__(self, x: Array) -> tuple[Array, ...]:
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
+        del statistics  # x's statistics (a fused model's); the stock norm reduces x itself
         h = self.norm(x) if self.normed else x
         return tuple(getattr(self, name)(h) for name in self.names)
 
@@ -97,6 +99,19 @@ def linear(cfg: ModelConfig, in_features: int, out_features: int, *, use_bias: b
            rngs: nnx.Rngs) -> nnx.Linear:
     return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=cfg.dtype,
                       param_dtype=cfg.param_dtype, rngs=rngs)
+
+
+def project_add(cfg: ModelConfig, proj: nnx.Linear, x: Array,
+                residual: Array) -> tuple[Array, RowStats | None]:
+    """(residual + proj(x), its row statistics): the sublayer's output added to the residual
+    stream. Under `cfg.fused` one op, `jaxnorm.residual_dense`, whose statistics the next
+    pre-norm GEMM takes instead of reducing the stream again; stock: no statistics."""
+    if not cfg.fused:
+        return residual + proj(x), None
+    bias = None if proj.bias is None else proj.bias[...]
+    x, kernel, bias, residual = promote_dtype((x, proj.kernel[...], bias, residual),
+                                              dtype=cfg.dtype)
+    return jaxnorm.residual_dense(x, kernel, residual, bias, impl=cfg.impl)
 
 
 def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array) -> Array:

@@ -15,6 +15,9 @@ where the config has biases):
 
 A post-norm sublayer adds Norm(W_o a) (or Norm(W_down h)) to the residual; under
 `fused` that norm runs with its projection as one post-norm op (`jaxnorm.dense_rms_norm`).
+In a fused pre-norm model the o- and down-projections write the residual stream with its
+row statistics (`jaxnorm.residual_dense`), and the next block's input norm takes them
+(`statistics=`) instead of reducing the stream again (docs/design.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from flax import nnx
 
 from jaxnorm.models import layers
 from jaxnorm.models.config import ModelConfig
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys, values [B, S, KV, D]
@@ -77,7 +81,7 @@ class Attention(nnx.Module):
                               pad=pad)
         if cfg.post_norms:
             return layers.project_then_norm(cfg, self.o, self.o_norm, heads), cache
-        return self.o(heads), cache
+        return heads, cache
 
 
 class Block(nnx.Module):
@@ -96,11 +100,11 @@ class Block(nnx.Module):
             self.down_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
         self.cfg = cfg
 
-    def _qkv(self, x: Array) -> tuple[Array, Array, Array]:
+    def _qkv(self, x: Array, stats: RowStats | None) -> tuple[Array, Array, Array]:
         """q, k, v; normed over the whole projection here for QK-norm over "projection"."""
         cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
         if not (cfg.qk_norm and cfg.qk_norm_over == "projection"):
-            return attn_in(x)
+            return attn_in(x, statistics=stats) if stats is not None else attn_in(x)
         if not cfg.pre_norms:  # OLMo 2: Norm(x @ W_q) and Norm(x @ W_k) are post-norm ops
             return (layers.project_then_norm(cfg, attn_in.q, attn.q_norm, x),
                     layers.project_then_norm(cfg, attn_in.k, attn.k_norm, x), attn_in.v(x))
@@ -108,15 +112,23 @@ class Block(nnx.Module):
         return attn.q_norm(q), attn.k_norm(k), v
 
     def __call__(self, x: Array, slots: Array, cache: tuple[Array, Array] | None,
-                 pad: Array | None = None):
-        q, k, v = self._qkv(x)
+                 pad: Array | None = None, stats: RowStats | None = None):
+        """(x after the block, the layer's cache, x's row statistics or None).
+
+        `stats`: the input's statistics from the previous block's down-projection."""
+        cfg = self.cfg
+        q, k, v = self._qkv(x, stats)
         attn, cache = self.attn(q, k, v, slots, cache, pad)
-        x = x + attn
-        gate, up = self.mlp_in(x)
-        h = layers.activation(self.cfg, gate) * up
-        if self.cfg.post_norms:
-            return x + layers.project_then_norm(self.cfg, self.down, self.down_norm, h), cache
-        return x + self.down(h), cache
+        if cfg.post_norms:
+            x, stats = x + attn, None
+        else:
+            x, stats = layers.project_add(cfg, self.attn.o, attn, x)
+        gate, up = self.mlp_in(x, statistics=stats) if stats is not None else self.mlp_in(x)
+        h = layers.activation(cfg, gate) * up
+        if cfg.post_norms:
+            return x + layers.project_then_norm(cfg, self.down, self.down_norm, h), cache, None
+        x, stats = layers.project_add(cfg, self.down, h, x)
+        return x, cache, stats
 
 
 class Transformer(nnx.Module):
@@ -154,22 +166,29 @@ class Transformer(nnx.Module):
         `pad` [B]: row b's first pad[b] slots are left padding; its tokens sit at
         positions slot - pad[b] and no real token attends to the padding.
         """
+        x, _, cache = self._blocks(tokens, start=start, cache=cache, pad=pad)
+        return x, cache
+
+    def _blocks(self, tokens: Array, *, start: int | Array, cache: KVCache | None,
+                pad: Array | None) -> tuple[Array, RowStats | None, KVCache | None]:
+        """`hidden`, plus the stream's row statistics where the last block wrote them."""
         cfg = self.cfg
         x = self.embed(tokens)
         if cfg.embed_scale:  # sqrt(d) rounded once to the embedding's dtype, as Gemma does
             x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
         slots = start + jnp.arange(tokens.shape[1])
-        new_cache = []
+        new_cache, stats = [], None
         for i, block in enumerate(self.layers):
-            x, layer_cache = block(x, slots, None if cache is None else cache[i], pad)
+            x, layer_cache, stats = block(x, slots, None if cache is None else cache[i], pad,
+                                          stats)
             new_cache.append(layer_cache)
-        return x, None if cache is None else tuple(new_cache)
+        return x, stats, None if cache is None else tuple(new_cache)
 
     def __call__(self, tokens: Array, *, start: int | Array = 0, cache: KVCache | None = None,
                  pad: Array | None = None) -> tuple[Array, KVCache | None]:
-        x, cache = self.hidden(tokens, start=start, cache=cache, pad=pad)
+        x, stats, cache = self._blocks(tokens, start=start, cache=cache, pad=pad)
         if self.cfg.tied_embeddings:
             logits = layers.tied_logits(self.head_norm, self.embed, x)
         else:
-            (logits,) = self.head(x)
+            (logits,) = self.head(x, statistics=stats) if stats is not None else self.head(x)
         return layers.softcap(logits, self.cfg.final_softcap), cache
