@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels import hardware
+from pallas_kernels import gemm_configs, hardware
 from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
@@ -56,6 +57,22 @@ class TuningConfig:
     @property
     def cta_tile_n(self) -> int:
         return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
+
+
+def config_fields(config: TuningConfig) -> dict[str, int | str]:
+    """The config as plain JSON values (dimensions by name): what sweeps and tables store."""
+    return {f.name: (v.name if isinstance(v := getattr(config, f.name), MatmulDimension) else v)
+            for f in dataclasses.fields(config)}
+
+
+def config_from_fields(fields: Mapping[str, int | str | None]) -> TuningConfig:
+    """Inverse of `config_fields`; a field TuningConfig lacks is a ValueError naming it."""
+    known = {f.name for f in dataclasses.fields(TuningConfig)}
+    if unknown := set(fields) - known:
+        raise ValueError(f"fields: {sorted(unknown)} are not TuningConfig fields")
+    dims = {n: MatmulDimension[v] for n, v in fields.items()
+            if n.endswith("_dim") or n.endswith("_dimension")}
+    return TuningConfig(**{**fields, **dims})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +182,7 @@ def default_config(
 ) -> TuningConfig:
     """Tiles per shape: a decode config for M <= 64, else the CTA tile that best fills the SMs.
 
+    Prefill shapes near a measured one take its config (`measured_config`).
     Decode (M <= 64) streams the weights: 64x64 warpgroup tiles (more CTAs
     pulling weights at once), the deepest pipeline that fits.
     Prefill: among the candidate tiles, the one with the least modelled time
@@ -172,7 +190,8 @@ def default_config(
     The grid walks 8-M-tile strips across N so a wave's A and B tiles stay in
     L2 (measured faster than N-tile columns: docs/mosaic-notes.md, lazy GEMM).
     """
-    del k  # K only sets the trip count of the K-loop.
+    if m > 64 and (measured := measured_config(m, k, sum(ns), sms=sms, itemsize=itemsize)):
+        return measured
     if m <= 64:
         # 64x128 CTA tiles; when those leave more than half the SMs idle, 128x64
         # ones (the second warpgroup's rows are past M: its wgmma is idle tensor
@@ -194,6 +213,28 @@ def default_config(
         grid_minor_dim=MatmulDimension.M,
         grid_tile_width=min(8, pl.cdiv(m, best.cta_tile_m)),
     )
+
+
+# A measured config serves shapes within this distance of its own in log2(M, K, N):
+# a factor of 2 along one dimension (M = 2048 and 16384 from sweeps at 4096 and 8192).
+TABLE_RADIUS_LOG2 = 1.0
+
+
+def measured_config(m: int, k: int, n: int, *, sms: int, itemsize: int) -> TuningConfig | None:
+    """The config of the nearest shape in the sweep's table (pallas_kernels/gemm_configs.py),
+    if one is within TABLE_RADIUS_LOG2 and the table was measured on a GPU of `sms` SMs
+    in 2-byte types; else None."""
+    if itemsize != 2 or not gemm_configs.ENTRIES or gemm_configs.PROVENANCE.get("sms") != sms:
+        return None
+    point = (math.log2(m), math.log2(k), math.log2(n))
+
+    def distance(entry) -> float:
+        return math.dist(point, [math.log2(d) for d in entry[0]])
+
+    nearest = min(gemm_configs.ENTRIES, key=distance)
+    if distance(nearest) > TABLE_RADIUS_LOG2:
+        return None
+    return config_from_fields(nearest[1])
 
 
 # TMA moves the row dimension of x and of the outputs in 8-row tiles (the
