@@ -21,11 +21,14 @@ ITEMSIZE = 2  # bf16
 
 
 def name(config: TuningConfig) -> str:
-    """A short unique name: CTA tile/warpgroup tile, K tile, stages, epilogue tile, grid."""
+    """A short unique name: CTA tile/warpgroup tile, K tile, stages, epilogue tile, grid,
+    cluster."""
+    cluster = config.cluster_dimension
     return (f"{config.cta_tile_m}x{config.cta_tile_n}/{config.tile_m}x{config.tile_n}"
             f"_k{config.tile_k}_s{config.max_concurrent_steps}"
             f"_e{config.epi_tile_m}x{config.epi_tile_n}"
-            f"_g{config.grid_minor_dim.name}{config.grid_tile_width}")
+            f"_g{config.grid_minor_dim.name}{config.grid_tile_width}"
+            + ("" if cluster is None else f"_c{cluster.name}"))
 
 
 def fits(config: TuningConfig) -> bool:
@@ -50,24 +53,31 @@ def _unique(configs: Iterable[TuningConfig | None]) -> list[TuningConfig]:
 
 
 def screen() -> list[TuningConfig]:
-    """Each CTA tile x grid minor dimension; grid tile width 8, deepest pipeline, 64x64 epilogue."""
+    """Each CTA tile x grid minor dimension x cluster (none, along N, along M); grid tile
+    width 8, deepest pipeline, 64x64 epilogue tile."""
     return _unique(
         deepest(TuningConfig(tile_m=tm, tile_n=tn, wg_dimension=wg, grid_minor_dim=minor,
-                             grid_tile_width=8))
+                             grid_tile_width=8, cluster_dimension=cluster))
         for tm, tn, wg in CTA_TILES.values()
         for minor in (M, N)
+        for cluster in (None, N, M)
     )
 
 
 def refinements(config: TuningConfig) -> list[TuningConfig]:
-    """One knob changed at a time: grid tile width 4 and 16, 4 stages, a 64x128 epilogue tile."""
+    """One knob changed at a time: grid tile width 4 and 16, 4 stages (with a half-width
+    epilogue tile where that is what fits, as `gemm_config.default_config` does), a 64x128
+    epilogue tile."""
     wide_epilogue = None
     if config.tile_n % 128 == 0:
         wide_epilogue = deepest(dataclasses.replace(config, epi_tile_n=128))
+    four = dataclasses.replace(config, max_concurrent_steps=4)
+    if not fits(four):
+        four = dataclasses.replace(four, epi_tile_n=config.epi_tile_n // 2)
     variants = [
         dataclasses.replace(config, grid_tile_width=4),
         dataclasses.replace(config, grid_tile_width=16),
-        dataclasses.replace(config, max_concurrent_steps=4),
+        four,
         wide_epilogue,
     ]
     return [c for c in _unique(variants) if c != config]

@@ -16,13 +16,14 @@ not finish "partial" or "untimed".
 
 Pruning (the full product of the knobs is ~300 configs per shape, ~1.5 s each; `Plan`):
 1. Screen: at `Plan.screen_shapes` (M = 8192: square, wide, narrow) every CTA tile x grid
-   minor dimension (`gemm_candidates.screen`: grid tile width 8, deepest fitting pipeline,
-   64x64 epilogue tile), and each shape's `default_config`.
+   minor dimension x 2-CTA cluster (none, along N, along M) (`gemm_candidates.screen`: grid
+   tile width 8, deepest fitting pipeline, 64x64 epilogue tile), and each shape's
+   `default_config`.
 2. Refine: the `refine_top` best of the screen (geometric mean of time / cuBLAS over the
    screen shapes), each with grid tile width 4 and 16, a 4-stage pipeline and a 64x128
    epilogue tile (`gemm_candidates.refinements`), timed at the screen shapes.
 3. Every other shape: its `default_config` and the `top_k` best configs of steps 1-2.
-That is ~3 x 17 + 29 x 5 configs: ~5 minutes on an H200 at 1.5 s a config.
+That is 3 x (25 + 8) + 29 x 4 configs: ~6 minutes on an H200 at 1.5 s a config.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Plan:
     screen_shapes: tuple[Shape, ...] = ((8192, 4096, 4096), (8192, 4096, 28672),
                                         (8192, 2048, 2048))
     refine_top: int = 2
-    top_k: int = 4
+    top_k: int = 3
     max_screen: int | None = None  # configs of the screen list tried (None: all)
     repeats: int = 20
     warmup: int = 2

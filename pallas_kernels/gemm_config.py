@@ -37,7 +37,9 @@ class MatmulDimension(enum.IntEnum):
 class TuningConfig:
     """Tile sizes and schedule of the GEMM (one compute warpgroup owns tile_m x tile_n).
 
-    The CTA tile doubles along `wg_dimension` (two MMA warpgroups).
+    The CTA tile doubles along `wg_dimension` (two MMA warpgroups). With `cluster_dimension`
+    two CTAs of a cluster take neighbouring tiles along it and share the other operand's
+    tile (along N: the x tile), each loading half of it, multicast to both.
     """
 
     tile_m: int = 128
@@ -49,6 +51,7 @@ class TuningConfig:
     grid_minor_dim: MatmulDimension = MatmulDimension.N
     grid_tile_width: int = 1
     wg_dimension: MatmulDimension = MatmulDimension.N
+    cluster_dimension: MatmulDimension | None = None
 
     @property
     def cta_tile_m(self) -> int:
@@ -71,7 +74,7 @@ def config_from_fields(fields: Mapping[str, int | str | None]) -> TuningConfig:
     if unknown := set(fields) - known:
         raise ValueError(f"fields: {sorted(unknown)} are not TuningConfig fields")
     dims = {n: MatmulDimension[v] for n, v in fields.items()
-            if n.endswith("_dim") or n.endswith("_dimension")}
+            if (n.endswith("_dim") or n.endswith("_dimension")) and v is not None}
     return TuningConfig(**{**fields, **dims})
 
 
@@ -135,6 +138,13 @@ def check_shapes(
         )
     if config.tile_n % 64 or config.tile_n > 256:
         raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
+    if config.cluster_dimension == MatmulDimension.M and pl.cdiv(m, config.cta_tile_m) % 2:
+        raise Unsupported(f"M={m} must span an even number of {config.cta_tile_m}-row CTA tiles "
+                          "for a cluster along M")
+    n_tiles = sum(pl.cdiv(w.shape[1], config.cta_tile_n) for w in weights)
+    if config.cluster_dimension == MatmulDimension.N and n_tiles % 2:
+        raise Unsupported(f"the weights' N must span an even number of {config.cta_tile_n}-column "
+                          f"CTA tiles for a cluster along N (got {n_tiles})")
 
 
 # Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
@@ -190,7 +200,7 @@ def default_config(
     The grid walks 8-M-tile strips across N so a wave's A and B tiles stay in
     L2 (measured faster than N-tile columns: docs/mosaic-notes.md, lazy GEMM).
     """
-    if m > 64 and (measured := measured_config(m, k, sum(ns), sms=sms, itemsize=itemsize)):
+    if m > 64 and (measured := measured_config(m, k, ns, sms=sms, itemsize=itemsize)):
         return measured
     if m <= 64:
         # 64x128 CTA tiles; when those leave more than half the SMs idle, 128x64
@@ -220,13 +230,16 @@ def default_config(
 TABLE_RADIUS_LOG2 = 1.0
 
 
-def measured_config(m: int, k: int, n: int, *, sms: int, itemsize: int) -> TuningConfig | None:
-    """The config of the nearest shape in the sweep's table (pallas_kernels/gemm_configs.py),
-    if one is within TABLE_RADIUS_LOG2 and the table was measured on a GPU of `sms` SMs
-    in 2-byte types; else None."""
+def measured_config(
+    m: int, k: int, ns: Sequence[int], *, sms: int, itemsize: int
+) -> TuningConfig | None:
+    """The config of the shape nearest (M, K, sum(ns)) in the sweep's table
+    (pallas_kernels/gemm_configs.py), if one is within TABLE_RADIUS_LOG2 and the table was
+    measured on a GPU of `sms` SMs in 2-byte types; else None. Its cluster is dropped where
+    this shape's tiles do not pair up along it."""
     if itemsize != 2 or not gemm_configs.ENTRIES or gemm_configs.PROVENANCE.get("sms") != sms:
         return None
-    point = (math.log2(m), math.log2(k), math.log2(n))
+    point = (math.log2(m), math.log2(k), math.log2(sum(ns)))
 
     def distance(entry) -> float:
         return math.dist(point, [math.log2(d) for d in entry[0]])
@@ -234,7 +247,12 @@ def measured_config(m: int, k: int, n: int, *, sms: int, itemsize: int) -> Tunin
     nearest = min(gemm_configs.ENTRIES, key=distance)
     if distance(nearest) > TABLE_RADIUS_LOG2:
         return None
-    return config_from_fields(nearest[1])
+    config = config_from_fields(nearest[1])
+    tiles = {MatmulDimension.M: pl.cdiv(m, config.cta_tile_m),
+             MatmulDimension.N: sum(pl.cdiv(n, config.cta_tile_n) for n in ns)}
+    if config.cluster_dimension is not None and tiles[config.cluster_dimension] % 2:
+        config = dataclasses.replace(config, cluster_dimension=None)
+    return config
 
 
 # TMA moves the row dimension of x and of the outputs in 8-row tiles (the
