@@ -11,8 +11,9 @@ clock drift). Each config's output is checked once against XLA's (relative Frobe
 <= REL_TOL) before it is timed; a wrong config is reported and never timed. A config the
 kernel refuses (`Unsupported`) or that does not fit SMEM (`gemm_config.smem_bytes`) is
 skipped with its reason. The JSON is rewritten after every shape, so a timeout keeps what was
-measured; past `--budget-s` the sweep stops before the next config and marks the shapes it did
-not finish "partial" or "untimed".
+measured (and names the config running, should one hang the GPU: after CONFIG_TIMEOUT_S the
+process exits with a traceback); past `--budget-s` the sweep stops before the next config and
+marks the shapes it did not finish "partial" or "untimed".
 
 Pruning (the full product of the knobs is ~300 configs per shape, ~1.5 s each; `Plan`):
 1. Screen: at `Plan.screen_shapes` (M = 8192: square, wide, narrow) every CTA tile x grid
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import faulthandler
 import functools
 import json
 import math
@@ -68,6 +70,7 @@ CUBLAS_EVERY = 4  # configs between two cuBLAS timings of a shape
 # missing or misplaced tile is O(1).
 REL_TOL = 1e-2
 FIRST_COST_S = 2.0  # cost of a config before one has been measured (compile + timing)
+CONFIG_TIMEOUT_S = 120.0  # a config still running after this is taken as hung
 JSON_NAME, MD_NAME = "gemm_sweep.json", "gemm_sweep.md"
 TABLE_PATH = Path(__file__).resolve().parents[1] / "pallas_kernels" / "gemm_configs.py"
 
@@ -253,8 +256,16 @@ class Sweep:
                 break
             began = time.monotonic()
             self.configs[config_name] = config_fields(config)
-            row["results"][config_name] = self._try(config, arg_sets, ref)
+            # A kernel that hangs the GPU ends the process: the JSON names it ("running").
+            row["running"] = config_name
+            self.write()
+            faulthandler.dump_traceback_later(CONFIG_TIMEOUT_S, exit=True)
+            row["results"][config_name] = result = self._try(config, arg_sets, ref)
+            faulthandler.cancel_dump_traceback_later()
+            del row["running"]
             self.costs.append(time.monotonic() - began)
+            print(f"{'x'.join(map(str, shape))} {config_name}: {result['status']} "
+                  f"{result.get('us', '')}", flush=True)
             if (i + 1) % CUBLAS_EVERY == 0:
                 self._time_cublas(row, arg_sets)
         else:

@@ -3,6 +3,7 @@ it writes, the budget stop, and the table it turns the JSON into."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -117,3 +118,12 @@ def test_table_needs_a_gpu_sweep(tmp_path):
     doc["meta"].update(platform="cpu", quick=True)
     with pytest.raises(ValueError, match="GPU sweep"):
         gemm_table_writer.table_source(doc)
+
+
+def test_lookup_drops_a_cluster_where_tiles_do_not_pair_up(monkeypatch):
+    clustered = TuningConfig(cluster_dimension=MatmulDimension.N, max_concurrent_steps=3)
+    monkeypatch.setattr(gemm_configs, "ENTRIES", (((8192, 4096, 6144), config_fields(clustered)),))
+    monkeypatch.setattr(gemm_configs, "PROVENANCE", dict(sms=hardware.H200_SMS))
+    assert gemm_config.default_config(8192, 4096, (4096, 1024, 1024)) == clustered  # 24 N tiles
+    odd = gemm_config.default_config(8192, 4096, (5888,))  # 23 N tiles of 256
+    assert odd == dataclasses.replace(clustered, cluster_dimension=None)
