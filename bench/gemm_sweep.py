@@ -89,10 +89,11 @@ class Plan:
     interpret: bool = False
 
 
-# CPU: the interpreter at tiny shapes, two screen configs, one refined, one carried on.
-QUICK_SHAPES: tuple[Shape, ...] = ((128, 128, 256), (64, 128, 128))
+# CPU: the interpreter at tiny shapes, two screen configs (the second clustered), one refined,
+# one carried on.
+QUICK_SHAPES: tuple[Shape, ...] = ((128, 64, 512), (64, 64, 128))
 QUICK_PLAN = Plan(screen_shapes=QUICK_SHAPES[:1], refine_top=1, top_k=1, max_screen=2,
-                  repeats=2, warmup=0, interpret=True)
+                  repeats=1, warmup=0, interpret=True)
 
 
 def _parse_shapes(text: str) -> tuple[Shape, ...]:
@@ -220,7 +221,7 @@ class Sweep:
     def ranking(self, shapes: Sequence[Shape]) -> list[TuningConfig]:
         """Configs timed at every one of `shapes`, by geometric mean of time / cuBLAS."""
         scores = {}
-        for config_name, fields in self.configs.items():
+        for config_name in self.configs:
             ratios = [self.rows[s]["results"].get(config_name, {}).get("ratio") for s in shapes]
             if all(r is not None for r in ratios):
                 scores[config_name] = statistics.geometric_mean(ratios)

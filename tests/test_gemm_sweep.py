@@ -21,9 +21,9 @@ def _run(tmp_path, *extra: str) -> dict:
 
 
 def test_quick_sweep_checks_times_and_tabulates(tmp_path):
-    doc = _run(tmp_path, "--shapes", "128x128x256,64x128x128")
+    doc = _run(tmp_path, "--shapes", "128x64x512,64x64x128")
     rows = {tuple(r["shape"]): r for r in doc["shapes"]}
-    assert set(rows) == {(128, 128, 256), (64, 128, 128)}
+    assert set(rows) == {(128, 64, 512), (64, 64, 128)}
     for shape, row in rows.items():
         assert row["status"] == "timed", row
         ok = {n: r for n, r in row["results"].items() if r["status"] == "ok"}
@@ -35,18 +35,19 @@ def test_quick_sweep_checks_times_and_tabulates(tmp_path):
         assert row["best_us"] == min(r["us"] for r in ok.values())
         assert len(row["cublas_samples_us"]) >= 2  # cuBLAS before and after the configs
     # The screen shape saw the screen configs and the refinements of the best.
-    screen = rows[(128, 128, 256)]["results"]
+    screen = rows[(128, 64, 512)]["results"]
     assert len(screen) > 1 + gemm_sweep.QUICK_PLAN.max_screen
+    assert any(n.endswith("_cN") and r["status"] == "ok" for n, r in screen.items())
     # The other shape saw its default and the carried config.
     carried = doc["meta"]["carried_configs"]
-    assert len(carried) == 1 and carried[0] in rows[(64, 128, 128)]["results"]
+    assert len(carried) == 1 and carried[0] in rows[(64, 64, 128)]["results"]
     md = (tmp_path / gemm_sweep.MD_NAME).read_text()
-    assert "| 128x128x256 |" in md and "| 64x128x128 |" in md
-    assert rows[(128, 128, 256)]["best"] in md
+    assert "| 128x64x512 |" in md and "| 64x64x128 |" in md
+    assert rows[(128, 64, 512)]["best"] in md
 
 
 def test_budget_stops_cleanly(tmp_path):
-    doc = _run(tmp_path, "--shapes", "128x128x256", "--budget-s", "0")
+    doc = _run(tmp_path, "--shapes", "128x64x512", "--budget-s", "0")
     (row,) = doc["shapes"]
     assert row["status"] == "untimed" and not row["results"]
     assert "stopped_at_s" in doc["meta"]
