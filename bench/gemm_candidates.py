@@ -52,15 +52,15 @@ def _unique(configs: Iterable[TuningConfig | None]) -> list[TuningConfig]:
     return list(seen)
 
 
-def screen() -> list[TuningConfig]:
-    """Each CTA tile x grid minor dimension x cluster (none, along N, along M); grid tile
-    width 8, deepest pipeline, 64x64 epilogue tile."""
+def screen(clusters: bool = True) -> list[TuningConfig]:
+    """Each CTA tile x grid minor dimension x cluster (none, along N, along M; only none
+    without `clusters`); grid tile width 8, deepest pipeline, 64x64 epilogue tile."""
     return _unique(
         deepest(TuningConfig(tile_m=tm, tile_n=tn, wg_dimension=wg, grid_minor_dim=minor,
                              grid_tile_width=8, cluster_dimension=cluster))
         for tm, tn, wg in CTA_TILES.values()
         for minor in (M, N)
-        for cluster in (None, N, M)
+        for cluster in ((None, N, M) if clusters else (None,))
     )
 
 

@@ -87,6 +87,7 @@ class Plan:
     repeats: int = 20
     warmup: int = 2
     interpret: bool = False
+    clusters: bool = True  # screen 2-CTA clusters too
 
 
 # CPU: the interpreter at tiny shapes, two screen configs (the second clustered), one refined,
@@ -115,6 +116,8 @@ def _args() -> argparse.ArgumentParser:
     p.add_argument("--shapes", type=_parse_shapes, help="comma-separated MxKxN (default: presets)")
     p.add_argument("--quick", action="store_true",
                    help="CPU check of the code path: interpreter, tiny shapes, two configs")
+    p.add_argument("--no-cluster", action="store_true",
+                   help="leave 2-CTA clusters out of the screen (should one hang the GPU)")
     p.add_argument("--write-table", metavar="RESULTS_JSON",
                    help="turn a sweep's JSON into pallas_kernels/gemm_configs.py and exit")
     p.add_argument("--table-out", default=str(TABLE_PATH), help="where --write-table writes")
@@ -142,8 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 commit=_commit(), device=device.device_kind, platform=device.platform,
                 sms=getattr(device, "core_count", None), jax=jax.__version__,
                 budget_s=args.budget_s, quick=args.quick, rel_tol=REL_TOL)
-    Sweep(out=out, budget_s=args.budget_s, plan=QUICK_PLAN if args.quick else Plan(),
-          meta=meta, shapes=shapes).run()
+    plan = dataclasses.replace(QUICK_PLAN if args.quick else Plan(), clusters=not args.no_cluster)
+    Sweep(out=out, budget_s=args.budget_s, plan=plan, meta=meta, shapes=shapes).run()
     print(out / JSON_NAME)
     print(out / MD_NAME)
     return 0
@@ -204,7 +207,7 @@ class Sweep:
                                         default=candidates.name(default_config(m, k, (n,))),
                                         cublas_samples_us=[], results={})
         screen = [s for s in self.shapes if s in self.plan.screen_shapes] or list(self.shapes[:1])
-        screen_list = candidates.screen()[: self.plan.max_screen]
+        screen_list = candidates.screen(self.plan.clusters)[: self.plan.max_screen]
         for shape in screen:
             self.visit(shape, screen_list)
         refined = [c for top in self.ranking(screen)[: self.plan.refine_top]

@@ -60,6 +60,8 @@ def test_candidates_fit_shared_memory_and_round_trip():
     assert len({gemm_candidates.name(c) for c in configs}) == len(set(configs))
     assert {(c.cta_tile_m, c.cta_tile_n) for c in configs} == {(128, 256), (256, 128),
                                                                  (128, 128)}
+    assert {c.cluster_dimension for c in configs} == {None, MatmulDimension.M, MatmulDimension.N}
+    assert {c.cluster_dimension for c in gemm_candidates.screen(clusters=False)} == {None}
     for c in configs:
         assert smem_bytes(c, 2) <= hardware.SMEM_BYTES_PER_CTA
         assert config_from_fields(json.loads(json.dumps(config_fields(c)))) == c
