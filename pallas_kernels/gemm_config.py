@@ -1,8 +1,9 @@
 """The GEMM's tuning knobs, epilogue flags, shared-memory model and per-shape selection.
 
-`default_config` picks tiles and pipeline for a shape; `check_shapes` says what the
-kernel (`pallas_kernels.gemm_kernel`) does not serve. Measurements behind the picks:
-docs/mosaic-notes.md, lazy GEMM.
+`default_config` picks tiles and pipeline for a shape (near a swept shape, the sweep's
+config from pallas_kernels/gemm_configs.py); `check_shapes` says what the kernel
+(`pallas_kernels.gemm_kernel`) does not serve. Measurements behind the picks:
+docs/mosaic-notes.md, lazy GEMM and GEMM configs per shape.
 """
 
 from __future__ import annotations
