@@ -1,21 +1,23 @@
 """The GEMM's tuning knobs, epilogue flags, shared-memory model and per-shape selection.
 
-`default_config` picks tiles and pipeline for a shape; `check_shapes` says what the
-kernel (`pallas_kernels.gemm_kernel`) does not serve. Measurements behind the picks:
-docs/mosaic-notes.md, lazy GEMM.
+`default_config` picks tiles and pipeline for a shape (near a swept shape, the sweep's
+config from pallas_kernels/gemm_configs.py); `check_shapes` says what the kernel
+(`pallas_kernels.gemm_kernel`) does not serve. Measurements behind the picks:
+docs/mosaic-notes.md, lazy GEMM and GEMM configs per shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels import hardware
+from pallas_kernels import gemm_configs, hardware
 from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
@@ -36,7 +38,9 @@ class MatmulDimension(enum.IntEnum):
 class TuningConfig:
     """Tile sizes and schedule of the GEMM (one compute warpgroup owns tile_m x tile_n).
 
-    The CTA tile doubles along `wg_dimension` (two MMA warpgroups).
+    The CTA tile doubles along `wg_dimension` (two MMA warpgroups). With `cluster_dimension`
+    two CTAs of a cluster take neighbouring tiles along it and share the other operand's
+    tile (along N: the x tile), each loading half of it, multicast to both.
     """
 
     tile_m: int = 128
@@ -48,6 +52,7 @@ class TuningConfig:
     grid_minor_dim: MatmulDimension = MatmulDimension.N
     grid_tile_width: int = 1
     wg_dimension: MatmulDimension = MatmulDimension.N
+    cluster_dimension: MatmulDimension | None = None
 
     @property
     def cta_tile_m(self) -> int:
@@ -56,6 +61,22 @@ class TuningConfig:
     @property
     def cta_tile_n(self) -> int:
         return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
+
+
+def config_fields(config: TuningConfig) -> dict[str, int | str]:
+    """The config as plain JSON values (dimensions by name): what sweeps and tables store."""
+    return {f.name: (v.name if isinstance(v := getattr(config, f.name), MatmulDimension) else v)
+            for f in dataclasses.fields(config)}
+
+
+def config_from_fields(fields: Mapping[str, int | str | None]) -> TuningConfig:
+    """Inverse of `config_fields`; a field TuningConfig lacks is a ValueError naming it."""
+    known = {f.name for f in dataclasses.fields(TuningConfig)}
+    if unknown := set(fields) - known:
+        raise ValueError(f"fields: {sorted(unknown)} are not TuningConfig fields")
+    dims = {n: MatmulDimension[v] for n, v in fields.items()
+            if (n.endswith("_dim") or n.endswith("_dimension")) and v is not None}
+    return TuningConfig(**{**fields, **dims})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +139,13 @@ def check_shapes(
         )
     if config.tile_n % 64 or config.tile_n > 256:
         raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
+    if config.cluster_dimension == MatmulDimension.M and pl.cdiv(m, config.cta_tile_m) % 2:
+        raise Unsupported(f"M={m} must span an even number of {config.cta_tile_m}-row CTA tiles "
+                          "for a cluster along M")
+    n_tiles = sum(pl.cdiv(w.shape[1], config.cta_tile_n) for w in weights)
+    if config.cluster_dimension == MatmulDimension.N and n_tiles % 2:
+        raise Unsupported(f"the weights' N must span an even number of {config.cta_tile_n}-column "
+                          f"CTA tiles for a cluster along N (got {n_tiles})")
 
 
 # Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
@@ -165,6 +193,7 @@ def default_config(
 ) -> TuningConfig:
     """Tiles per shape: a decode config for M <= 64, else the CTA tile that best fills the SMs.
 
+    Prefill shapes near a measured one take its config (`measured_config`).
     Decode (M <= 64) streams the weights: 64x64 warpgroup tiles (more CTAs
     pulling weights at once), the deepest pipeline that fits.
     Prefill: among the candidate tiles, the one with the least modelled time
@@ -172,7 +201,8 @@ def default_config(
     The grid walks 8-M-tile strips across N so a wave's A and B tiles stay in
     L2 (measured faster than N-tile columns: docs/mosaic-notes.md, lazy GEMM).
     """
-    del k  # K only sets the trip count of the K-loop.
+    if m > 64 and (measured := measured_config(m, k, ns, sms=sms, itemsize=itemsize)):
+        return measured
     if m <= 64:
         # 64x128 CTA tiles; when those leave more than half the SMs idle, 128x64
         # ones (the second warpgroup's rows are past M: its wgmma is idle tensor
@@ -194,6 +224,36 @@ def default_config(
         grid_minor_dim=MatmulDimension.M,
         grid_tile_width=min(8, pl.cdiv(m, best.cta_tile_m)),
     )
+
+
+# A measured config serves shapes within this distance of its own in log2(M, K, N):
+# a factor of 2 along one dimension (M = 2048 and 16384 from sweeps at 4096 and 8192).
+TABLE_RADIUS_LOG2 = 1.0
+
+
+def measured_config(
+    m: int, k: int, ns: Sequence[int], *, sms: int, itemsize: int
+) -> TuningConfig | None:
+    """The config of the shape nearest (M, K, sum(ns)) in the sweep's table
+    (pallas_kernels/gemm_configs.py), if one is within TABLE_RADIUS_LOG2 and the table was
+    measured on a GPU of `sms` SMs in 2-byte types; else None. Its cluster is dropped where
+    this shape's tiles do not pair up along it."""
+    if itemsize != 2 or not gemm_configs.ENTRIES or gemm_configs.PROVENANCE.get("sms") != sms:
+        return None
+    point = (math.log2(m), math.log2(k), math.log2(sum(ns)))
+
+    def distance(entry) -> float:
+        return math.dist(point, [math.log2(d) for d in entry[0]])
+
+    nearest = min(gemm_configs.ENTRIES, key=distance)
+    if distance(nearest) > TABLE_RADIUS_LOG2:
+        return None
+    config = config_from_fields(nearest[1])
+    tiles = {MatmulDimension.M: pl.cdiv(m, config.cta_tile_m),
+             MatmulDimension.N: sum(pl.cdiv(n, config.cta_tile_n) for n in ns)}
+    if config.cluster_dimension is not None and tiles[config.cluster_dimension] % 2:
+        config = dataclasses.replace(config, cluster_dimension=None)
+    return config
 
 
 # TMA moves the row dimension of x and of the outputs in 8-row tiles (the

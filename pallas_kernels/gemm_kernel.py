@@ -20,6 +20,9 @@ The interpreter's race detector runs the kernel (tests/test_lazy_norm_matmul.py)
 
 The grid is persistent (one CTA per SM); tiles are (M tile, N tile) pairs over
 the concatenated N of all weights, so [wq, wk, wv] cost one launch and no copy.
+With `TuningConfig.cluster_dimension`, 2-CTA clusters walk pairs of neighbouring tiles;
+each CTA loads half of the operand tile they share, multicast to both, and `consumed` is
+a cluster barrier (a slot is refilled once both CTAs' consumers are done with it).
 A global step counter runs across tiles, so the TMA producer never drains the
 pipeline between tiles. TMA zero-fills out-of-bounds rows and columns on load
 and drops them on store, so M and the vectors need no padding to whole tiles
@@ -95,10 +98,24 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     num_vectors = len(row_names) + len(col_names)
     wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
 
+    # With a cluster the grid walks tile pairs; both CTAs of a cluster see the same pair.
+    cluster = config.cluster_dimension
+    walk = (m_iters // (2 if cluster == MatmulDimension.M else 1),
+            n_iters // (2 if cluster == MatmulDimension.N else 1))
+
     def tile_coords(lin_idx):
-        return plgpu.planar_snake(
-            lin_idx, (m_iters, n_iters), config.grid_minor_dim, config.grid_tile_width
+        m_idx, n_idx = plgpu.planar_snake(
+            lin_idx, walk, config.grid_minor_dim, config.grid_tile_width
         )
+        if cluster == MatmulDimension.M:
+            m_idx = 2 * m_idx + lax.axis_index("cluster")
+        elif cluster == MatmulDimension.N:
+            n_idx = 2 * n_idx + lax.axis_index("cluster")
+        return m_idx, n_idx
+
+    def shared(dimension):
+        """An operand load's collective axes: the cluster's if it lies along `dimension`."""
+        return ("cluster",) if cluster == dimension else None
 
     def for_weight(n_idx, fn):
         """Run fn(weight index, local N tile) for the weight that owns global N tile n_idx."""
@@ -118,6 +135,11 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
         consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
     )
+    if cluster is not None:
+        # A slot is refilled (by both CTAs' multicasts) once both CTAs' consumers are done.
+        scratch["consumed"] = plgpu.ClusterBarrier(
+            collective_axes=("cluster",), num_arrivals=num_mma_wgs, num_barriers=steps
+        )
     if num_vectors:
         # Epilogue vectors of a tile, double-buffered by the CTA's tile parity.
         scratch["row_smem"] = plgpu.SMEM((2, max(len(row_names), 1), cta_tile_m), jnp.float32)
@@ -134,7 +156,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         def memory_warpgroup():
             plgpu.set_max_registers(40, action="decrease")
 
-            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            @plgpu.nd_loop((walk[0] * walk[1],), collective_axes="sm", init_carry=jnp.int32(0))
             def total_steps(loop_info, carry):
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 if num_vectors:
@@ -176,15 +198,18 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                             plgpu.barrier_wait(consumed.at[slot])
 
                         k_slice = pl.ds(ki * tile_k, tile_k)
+                        # The operand both CTAs of a cluster share: each loads half, multicast.
                         plgpu.copy_gmem_to_smem(
                             x_gmem.at[pl.ds(m_idx * cta_tile_m, cta_tile_m), k_slice],
                             a_smem.at[slot],
                             produced.at[slot],
+                            collective_axes=shared(MatmulDimension.N),
                         )
                         plgpu.copy_gmem_to_smem(
                             w_gmems[i].at[k_slice, pl.ds(local_n * cta_tile_n, cta_tile_n)],
                             b_smem.at[slot],
                             produced.at[slot],
+                            collective_axes=shared(MatmulDimension.M),
                         )
 
                 for_weight(n_idx, issue)
@@ -211,7 +236,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
             else:
                 wg_m0, wg_n0 = 0, wg_idx * tile_n
 
-            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+            @plgpu.nd_loop((walk[0] * walk[1],), collective_axes="sm", init_carry=jnp.int32(0))
             def _tiles(loop_info, carry):
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 parity = lax.rem(loop_info.local_index, 2)
@@ -402,13 +427,22 @@ def _build(
         out_types += [jax.ShapeDtypeStruct((parts, m_pad), jnp.float32)] * 2
     tiles = pl.cdiv(m, config.cta_tile_m) * sum(n_tiles)
     interpret_params = plgpu.InterpretGPUParams(detect_races=True) if interpret else None
+    grid = min(grid_ctas(interpret), tiles)
+    cluster = {}
+    if config.cluster_dimension is not None:
+        # Persistent clusters of 2, no more than the GPU holds at once (hardware.py).
+        clusters = (grid_ctas(interpret) // 2 if interpret
+                    else hardware.resident_clusters(2, hardware.num_sms()))
+        grid = min(clusters, tiles // 2)
+        cluster = dict(cluster=(2,), cluster_names=("cluster",))
     return plgpu.kernel(
         functools.partial(
             _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles
         ),
         out_type=tuple(out_types),
-        grid=(min(grid_ctas(interpret), tiles),),
+        grid=(grid,),
         grid_names=("sm",),
+        **cluster,
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),

@@ -1,0 +1,83 @@
+"""The GEMM configs the sweep (bench/gemm_sweep.py) tries, and the names it files them under."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from pallas_kernels import hardware
+from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, smem_bytes
+
+M, N = MatmulDimension.M, MatmulDimension.N
+# CTA tile -> (tile_m, tile_n, wg_dimension): one MMA warpgroup owns tile_m x tile_n.
+CTA_TILES = {
+    "128x256": (128, 128, N),
+    "128x256/64x256": (64, 256, M),
+    "256x128": (128, 128, M),
+    "128x128": (128, 64, N),
+}
+MAX_STEPS = 8
+ITEMSIZE = 2  # bf16
+
+
+def name(config: TuningConfig) -> str:
+    """A short unique name: CTA tile/warpgroup tile, K tile, stages, epilogue tile, grid,
+    cluster."""
+    cluster = config.cluster_dimension
+    return (f"{config.cta_tile_m}x{config.cta_tile_n}/{config.tile_m}x{config.tile_n}"
+            f"_k{config.tile_k}_s{config.max_concurrent_steps}"
+            f"_e{config.epi_tile_m}x{config.epi_tile_n}"
+            f"_g{config.grid_minor_dim.name}{config.grid_tile_width}"
+            + ("" if cluster is None else f"_c{cluster.name}"))
+
+
+def fits(config: TuningConfig) -> bool:
+    return smem_bytes(config, ITEMSIZE) <= hardware.SMEM_BYTES_PER_CTA
+
+
+def deepest(config: TuningConfig) -> TuningConfig | None:
+    """`config` with the deepest pipeline (<= MAX_STEPS, >= 3) that fits SMEM, or None."""
+    for steps in range(MAX_STEPS, 2, -1):
+        fitted = dataclasses.replace(config, max_concurrent_steps=steps)
+        if fits(fitted):
+            return fitted
+    return None
+
+
+def _unique(configs: Iterable[TuningConfig | None]) -> list[TuningConfig]:
+    seen: dict[TuningConfig, None] = {}
+    for c in configs:
+        if c is not None and fits(c):
+            seen.setdefault(c)
+    return list(seen)
+
+
+def screen(clusters: bool = True) -> list[TuningConfig]:
+    """Each CTA tile x grid minor dimension x cluster (none, along N, along M; only none
+    without `clusters`); grid tile width 8, deepest pipeline, 64x64 epilogue tile."""
+    return _unique(
+        deepest(TuningConfig(tile_m=tm, tile_n=tn, wg_dimension=wg, grid_minor_dim=minor,
+                             grid_tile_width=8, cluster_dimension=cluster))
+        for tm, tn, wg in CTA_TILES.values()
+        for minor in (M, N)
+        for cluster in ((None, N, M) if clusters else (None,))
+    )
+
+
+def refinements(config: TuningConfig) -> list[TuningConfig]:
+    """One knob changed at a time: grid tile width 4 and 16, 4 stages (with a half-width
+    epilogue tile where that is what fits, as `gemm_config.default_config` does), a 64x128
+    epilogue tile."""
+    wide_epilogue = None
+    if config.tile_n % 128 == 0:
+        wide_epilogue = deepest(dataclasses.replace(config, epi_tile_n=128))
+    four = dataclasses.replace(config, max_concurrent_steps=4)
+    if not fits(four):
+        four = dataclasses.replace(four, epi_tile_n=config.epi_tile_n // 2)
+    variants = [
+        dataclasses.replace(config, grid_tile_width=4),
+        dataclasses.replace(config, grid_tile_width=16),
+        four,
+        wide_epilogue,
+    ]
+    return [c for c in _unique(variants) if c != config]
