@@ -47,8 +47,9 @@ class ResidualPieces:
     def load(self, p: int) -> None:
         epi_m, epi_n = self.config.epi_tile_m, self.config.epi_tile_n
         mi, ni = divmod(p, self.n_pieces)
+        rows, cols = pl.ds(self.row0 + mi * epi_m, epi_m), pl.ds(self.col0 + ni * epi_n, epi_n)
         plgpu.copy_gmem_to_smem(
-            self.gmem.at[pl.ds(self.row0 + mi * epi_m, epi_m), pl.ds(self.col0 + ni * epi_n, epi_n)],
+            self.gmem.at[rows, cols],
             self.ring.at[p % RESIDUAL_SLOTS],
             self._barrier(p % RESIDUAL_SLOTS),
         )
