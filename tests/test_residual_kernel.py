@@ -131,3 +131,29 @@ def test_automatic_use_only_at_the_benched_shapes():
     assert mosaic_residual._not_measured(x, w, None, None) is None
     small = jax.ShapeDtypeStruct((512, 4096), jnp.bfloat16)
     assert "not measured" in mosaic_residual._not_measured(small, w, None, None)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_composed_kernel_gradient_equals_the_unfused_pair(kind, request):
+    """Both kernels' custom_vjps (residual_dense, then the pre-norm GEMM given the
+    statistics): the gradient of h -> Norm -> dense, against float64."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (32,), 64, 128)
+    norm_inputs = consumer_inputs(rng, kind, 128, (64,))
+    norm_inputs["bias"] = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((32, 64)), jnp.bfloat16)
+    res_names = ("x", "kernel", "residual", "bias")
+    norm_names = ("scale", "kernel", "bias") + (("norm_bias",) if kind == "layer" else ())
+
+    def loss(a, b):
+        h, stats = jaxnorm.residual_dense(*(a[k] for k in res_names), impl="interpret")
+        y = consume(kind, h, stats, {**norm_inputs, **b}, "interpret")
+        return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
+
+    grads_a, grads_b = jax.grad(loss, argnums=(0, 1))(
+        {k: inputs[k] for k in res_names}, {k: norm_inputs[k] for k in norm_names})
+    got = {**grads_a, **{f"norm_{k}": v for k, v in grads_b.items()}}
+    dy64 = np.asarray(dy, np.float64)
+    expected = vr.composed_vjp(kind, inputs, norm_inputs, dy64, magnitude=False)
+    magnitudes = vr.composed_vjp(kind, inputs, norm_inputs, dy64, magnitude=True)
+    assert vr.check_grads(got, expected, magnitudes, jnp.bfloat16, 128) <= 1.0
