@@ -4,8 +4,8 @@ Shape of the kernel (after jax's `ops/gpu/hopper_matmul_mgpu.py`, with its own
 pipeline so that one launch can serve several weight matrices):
 
     warpgroup 0, 1   MMA: wait `produced[slot]`, wgmma, arrive `consumed[slot]`;
-                     after the K-loop the epilogue (row scale, column-sum
-                     correction, bias, optional row statistics of Y) writes
+                     after the K-loop the epilogue (`gemm_epilogue`: row scale,
+                     column-sum correction, bias, residual, row statistics of Y) writes
                      x.dtype through SMEM and TMA, then arrives `vec_free`
                      for the tile's vectors.
     warpgroup 2      memory: per tile, wait `vec_free` (two tiles back) and TMA
