@@ -1,4 +1,6 @@
-"""`python -m bench --suite ledger|model|norm-gemm|post-norm|norms|decode-step|train-step[,...]`.
+"""`python -m bench --suite ledger|model|norm-gemm|post-norm|norms|decode-step|train-step|...`.
+
+GPU suites also: residual-gemm (bench/residual_gemm.py).
 
 The ledger suite predicts (CPU, instant); `model` measures whole models,
 stock Flax against jaxnorm (bench/model_suite.py; `--quick` runs tiny shapes
@@ -27,7 +29,7 @@ from bench.presets import PRESETS, ModelPreset
 
 LEDGER = "ledger"
 MODEL = "model"
-GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step")
+GPU_SUITES = ("norm-gemm", "post-norm", "norms", "decode-step", "train-step", "residual-gemm")
 DEFAULT_OUT = Path("bench-out")
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import ledger, report, shapes, timing, tiny_model
+from bench import ledger, report, residual_gemm, shapes, timing, tiny_model
 from bench.cases import Case
 from bench.ceilings import measure_ceilings
 from bench.impls import REGISTRY, Impl
@@ -90,6 +90,7 @@ SUITES: dict[str, Callable[[Options], list[Case]]] = {
     "norms": _norms,
     "decode-step": _decode_step,
     "train-step": _train_step,
+    "residual-gemm": lambda o: residual_gemm.cases(o.quick),
 }
 
 

@@ -29,6 +29,8 @@ from flax.linen.dtypes import canonicalize_dtype
 from flax.typing import Dtype, Initializer
 
 from jaxnorm import ops
+from jaxnorm.residual import residual_dense
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 
@@ -97,7 +99,9 @@ class _NormDense(nn.Module):
         return outputs[0]
 
     @nn.compact
-    def __call__(self, x: Array) -> Array | tuple[Array, ...]:
+    def __call__(self, x: Array,
+                 statistics: RowStats | None = None) -> Array | tuple[Array, ...]:
+        """`statistics`: x's RowStats (from `ResidualDense`), the norm's row scale given."""
         k = jnp.shape(x)[-1]
         scale, norm_bias = _NormParams(self.use_scale, *self._norm_bias(), self.scale_init,
                                        self.param_dtype, name="norm")(k)
@@ -110,7 +114,8 @@ class _NormDense(nn.Module):
         x = jnp.asarray(x, dtype)
         kernels = [jnp.asarray(kernel, dtype) for kernel in kernels]
         biases = None if not self.use_bias else [jnp.asarray(b, dtype) for b in biases]
-        common = dict(eps=self.epsilon, scale_offset=self.scale_offset, impl=self.impl)
+        common = dict(eps=self.epsilon, scale_offset=self.scale_offset, impl=self.impl,
+                      statistics=statistics)
         if self.kind == "rms":
             outputs = ops.rms_norm_dense(x, scale, kernels, biases, **common)
         else:
@@ -255,3 +260,30 @@ class DenseLayerNorm(_DenseNorm):
 
     def _norm_bias(self) -> tuple[bool, Initializer]:
         return self.use_norm_bias, self.norm_bias_init
+
+
+class ResidualDense(nn.Dense):
+    """nn.Dense whose output joins the residual stream: `(h, stats)` with
+    h = x @ kernel + bias + residual and stats h's `RowStats` (`jaxnorm.residual_dense`),
+    for the next pre-norm layer's `statistics=`. Parameters are nn.Dense's (`kernel`,
+    `bias`); `impl` as the ops'. The residual is cast to the computation dtype with x.
+
+    >>> layer = ResidualDense(32)
+    >>> x, r = jnp.ones((2, 64)), jnp.ones((2, 32))
+    >>> params = layer.init(jax.random.key(0), x, r)
+    >>> h, stats = layer.apply(params, x, r)
+    """
+
+    impl: str | None = None
+
+    @nn.compact
+    def __call__(  # type: ignore[override]
+            self, inputs: Array, residual: Array) -> tuple[Array, RowStats]:
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
+                            self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        dtype = canonicalize_dtype(inputs, kernel, bias, dtype=self.dtype)
+        return residual_dense(jnp.asarray(inputs, dtype), jnp.asarray(kernel, dtype),
+                              jnp.asarray(residual, dtype),
+                              None if bias is None else jnp.asarray(bias, dtype), impl=self.impl)

@@ -31,6 +31,7 @@ from flax.nnx.nn.dtypes import promote_dtype
 from flax.typing import Dtype, Initializer
 
 from jaxnorm import ops
+from jaxnorm.residual import residual_dense
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
@@ -177,8 +178,9 @@ class RMSNormLinear(_NormThenLinears):
                          dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
                          bias_init=bias_init, rngs=rngs)
 
-    def __call__(self, x: Array) -> Array:
-        return self._project(x)[0]
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> Array:
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
+        return self._project(x, statistics)[0]
 
 
 class RMSNormProjections(_NormThenLinears):
@@ -208,7 +210,7 @@ class RMSNormProjections(_NormThenLinears):
                          rngs=rngs)
 
     def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
-        """`statistics`: x's `jaxnorm.RowStats` (from `residual_dense`), so x is not reduced."""
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
         return self._project(x, statistics)
 
 
@@ -238,8 +240,9 @@ class LayerNormLinear(_NormThenLinears):
                          dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
                          bias_init=bias_init, rngs=rngs)
 
-    def __call__(self, x: Array) -> Array:
-        return self._project(x)[0]
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> Array:
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
+        return self._project(x, statistics)[0]
 
 
 class LayerNormProjections(_NormThenLinears):
@@ -266,7 +269,7 @@ class LayerNormProjections(_NormThenLinears):
                          rngs=rngs)
 
     def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
-        """`statistics`: x's `jaxnorm.RowStats` (from `residual_dense`), so x is not reduced."""
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
         return self._project(x, statistics)
 
 
@@ -350,3 +353,29 @@ class LinearLayerNorm(_LinearThenNorm):
                          bias_init=norm_bias_init, scale_offset=scale_offset, impl=impl,
                          rngs=rngs)
         super().__init__(linear, norm, dtype)
+
+
+class ResidualLinear(nnx.Linear):
+    """nnx.Linear whose output joins the residual stream: (h, stats) with
+    h = x @ kernel + bias + residual and stats h's `RowStats` (`jaxnorm.residual_dense`),
+    for the next pre-norm layer's `statistics=` (its norm then never reads h).
+
+    Parameters and constructor are nnx.Linear's (`kernel`, `bias`); `impl` as the ops'.
+    The residual is cast to the computation dtype with x.
+
+    >>> o_proj = ResidualLinear(64, 32, rngs=nnx.Rngs(0))
+    >>> h, stats = o_proj(jnp.ones((2, 64)), jnp.ones((2, 32)))
+    >>> y = RMSNormLinear(32, 16, rngs=nnx.Rngs(1))(h, statistics=stats)
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, impl: str | None = None,
+                 **linear_kwargs):
+        super().__init__(in_features, out_features, **linear_kwargs)
+        self.impl = impl
+
+    def __call__(  # type: ignore[override]
+            self, x: Array, residual: Array) -> tuple[Array, RowStats]:
+        kernel = self.kernel[...]
+        bias = None if self.bias is None else self.bias[...]
+        x, kernel, bias = promote_dtype((x, kernel, bias), dtype=self.dtype)
+        return residual_dense(x, kernel, jnp.asarray(residual, x.dtype), bias, impl=self.impl)

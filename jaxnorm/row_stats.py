@@ -16,10 +16,12 @@ subtracts nearby means.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm.statistics import safe_rsqrt
 
@@ -53,17 +55,24 @@ def of_rows(h: Array) -> RowStats:
     return RowStats(mean, m2, h.shape[-1])
 
 
-def from_partials(sums: Array, m2s: Array, count: int) -> tuple[Array, Array]:
-    """(mean, M2) per row from P column blocks' partial (sum, M2) [P, M], `count` columns each.
+def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple[Array, Array]:
+    """(mean, M2) per row from P column blocks' partial (sum, M2) [P, M].
 
-    Chan et al.'s pairwise combine, with equal counts n: block means a_p = sum_p / n,
-    mean = average of a_p, M2 = sum_p M2_p + n sum_p (a_p - mean)^2. The second term
-    is a sum of squares of differences of nearby means: no cancellation.
+    `counts`: the columns of each block (static; one int when all are equal; blocks of
+    0 columns, wholly past the row's end, are left out). Chan et al.'s combine: with
+    block means a_p = sum_p / n_p, mean = sum_p sum_p / K and
+    M2 = sum_p M2_p + sum_p n_p (a_p - mean)^2, a sum of squares of differences of
+    nearby means: no cancellation.
     """
-    block_means = sums.astype(F32) / count
-    mean = jnp.mean(block_means, axis=0)
-    spread = jnp.sum(jnp.square(block_means - mean[None, :]), axis=0)
-    return mean, jnp.sum(m2s.astype(F32), axis=0) + count * spread
+    counts = (counts,) * sums.shape[0] if isinstance(counts, int) else tuple(counts)
+    if len(counts) != sums.shape[0]:
+        raise ValueError(f"{len(counts)} counts for {sums.shape[0]} partials")
+    kept = [p for p, c in enumerate(counts) if c > 0]
+    n = np.asarray([counts[p] for p in kept], np.float32)[:, None]
+    sums, m2s = sums[np.asarray(kept)].astype(F32), m2s[np.asarray(kept)].astype(F32)
+    mean = jnp.sum(sums, axis=0) / float(n.sum())
+    spread = jnp.sum(n * jnp.square(sums / n - mean[None, :]), axis=0)
+    return mean, jnp.sum(m2s, axis=0) + spread
 
 
 def rms_inverse(stats: RowStats, eps: float) -> Array:

@@ -21,6 +21,9 @@ from pallas_kernels import gemm_configs, hardware
 from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
+# Output staging slots per MMA warpgroup with a residual: one storing, one computing, one
+# loading the residual of a later piece (`pallas_kernels.gemm_epilogue.ResidualPieces`).
+RESIDUAL_SLOTS = 3
 
 
 class MatmulDimension(enum.IntEnum):
@@ -85,9 +88,11 @@ class Epilogue:
 
         y = row_scale[:, None] * acc - row_shift[:, None] * col_sums[None, :] + col_bias[None, :]
 
-    Row vectors are inputs (statistics computed outside the GEMM). `row_stats_out`
-    also writes per-row partial (sum, sum of squares) of y over each warpgroup's
-    tile_n columns.
+    Row vectors are inputs (statistics computed outside the GEMM). `residual` adds an
+    [M, N] input of x's dtype to y. `row_stats_out` also writes per-row partial
+    (sum, M2) of the float32 y over each warpgroup's tile_n columns (part p covers
+    columns [p tile_n, (p + 1) tile_n): `part_columns`); M2 is the sum of squared
+    deviations about the partial's own mean (`pallas_kernels.gemm_epilogue`).
     """
 
     row_scale: bool = False
@@ -95,6 +100,7 @@ class Epilogue:
     col_sums: bool = False
     col_bias: bool = False
     row_stats_out: bool = False
+    residual: bool = False
 
     def __post_init__(self) -> None:
         if self.row_shift != self.col_sums:
@@ -148,6 +154,49 @@ def check_shapes(
                           f"CTA tiles for a cluster along N (got {n_tiles})")
 
 
+def part_columns(n: int, config: TuningConfig) -> tuple[int, ...]:
+    """Columns of a weight of width n that each row-statistics part covers (0 past N)."""
+    parts = pl.cdiv(n, config.cta_tile_n) * (config.cta_tile_n // config.tile_n)
+    return tuple(min(max(n - p * config.tile_n, 0), config.tile_n) for p in range(parts))
+
+
+def check_epilogue(
+    x: jax.ShapeDtypeStruct | Array,
+    weights: Sequence[jax.ShapeDtypeStruct | Array],
+    config: TuningConfig,
+    epilogue: Epilogue,
+    residual: jax.ShapeDtypeStruct | Array | None,
+) -> None:
+    """Raise Unsupported for what the epilogue does not serve (ValueError for a bad residual)."""
+    if epilogue.residual != (residual is not None):
+        raise ValueError("pass a residual exactly when the epilogue adds one")
+    if residual is not None:
+        _check_residual(x, weights, config, residual)
+    if epilogue.row_stats_out:
+        for i, w in enumerate(weights):
+            if w.shape[1] % config.tile_n:
+                raise Unsupported(
+                    f"row statistics need weight[{i}] N={w.shape[1]} to be a multiple of "
+                    f"tile_n={config.tile_n}: a warpgroup's partial covers whole pieces")
+
+
+def _check_residual(
+    x: jax.ShapeDtypeStruct | Array,
+    weights: Sequence[jax.ShapeDtypeStruct | Array],
+    config: TuningConfig,
+    residual: jax.ShapeDtypeStruct | Array,
+) -> None:
+    if len(weights) != 1:
+        raise Unsupported(f"a residual epilogue takes one weight; got {len(weights)}")
+    n = weights[0].shape[1]
+    if residual.shape != (x.shape[0], n) or residual.dtype != x.dtype:
+        raise ValueError(f"residual must be [M, N] = {(x.shape[0], n)} of {x.dtype}; got "
+                         f"{residual.shape} {residual.dtype}")
+    if n % config.cta_tile_n:
+        raise Unsupported(f"a residual epilogue needs N={n} to be a multiple of the CTA tile "
+                          f"{config.cta_tile_n}: every piece loads a residual piece")
+
+
 # Relative wgmma efficiency of CTA tiles (bigger tiles reuse each SMEM byte
 # more). A model: only the 128x256 CTA tile (128x128 per warpgroup, 4 stages,
 # ~800 TFLOP/s at M >= 2048 on the H200) and the decode tiles were measured.
@@ -160,13 +209,15 @@ _CANDIDATES = (
 )
 
 
-def smem_bytes(config: TuningConfig, itemsize: int) -> int:
-    """Upper bound of the kernel's SMEM: pipeline slots, output staging, and the
-    largest set of epilogue vectors (row scale and shift, column sums and
-    bias, row statistics out), plus barriers. (The vectors' term still counts the rows of the
-    retired statistics warpgroup: the bound, and so every pick, is as measured.)"""
+def smem_bytes(config: TuningConfig, itemsize: int, residual: bool = False) -> int:
+    """Upper bound of the kernel's SMEM: pipeline slots, output staging (three slots
+    with a residual), and the largest set of epilogue vectors (row scale and shift,
+    column sums and bias, row statistics out), plus barriers. (The vectors' term still
+    counts the rows of the retired statistics warpgroup: the bound, and so every pick,
+    is as measured.)"""
     stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * itemsize
-    out = 2 * 2 * config.epi_tile_m * config.epi_tile_n * itemsize
+    slots = RESIDUAL_SLOTS if residual else 2
+    out = 2 * slots * config.epi_tile_m * config.epi_tile_n * itemsize
     vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
                    + 2 * 2 * config.tile_m)
     return stage * config.max_concurrent_steps + out + vectors + 512

@@ -4,8 +4,8 @@ Shape of the kernel (after jax's `ops/gpu/hopper_matmul_mgpu.py`, with its own
 pipeline so that one launch can serve several weight matrices):
 
     warpgroup 0, 1   MMA: wait `produced[slot]`, wgmma, arrive `consumed[slot]`;
-                     after the K-loop the epilogue (row scale, column-sum
-                     correction, bias, optional row statistics of Y) writes
+                     after the K-loop the epilogue (`gemm_epilogue`: row scale,
+                     column-sum correction, bias, residual, row statistics of Y) writes
                      x.dtype through SMEM and TMA, then arrives `vec_free`
                      for the tile's vectors.
     warpgroup 2      memory: per tile, wait `vec_free` (two tiles back) and TMA
@@ -41,8 +41,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import hardware
-from pallas_kernels.gemm_config import (Epilogue, MatmulDimension, TuningConfig, check_shapes,
-                                        padded_rows)
+from pallas_kernels.gemm_config import (RESIDUAL_SLOTS, Epilogue, MatmulDimension, TuningConfig,
+                                        check_epilogue, check_shapes, padded_rows)
+from pallas_kernels.gemm_epilogue import ResidualPieces
+from pallas_kernels.gemm_epilogue import epilogue as _epilogue
 from pallas_kernels.padding import crop_rows, pad_rows
 
 Array = jax.Array
@@ -78,6 +80,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     row_gmems = {n: refs.pop(0) for n in row_names}
     # One column vector per weight: no per-call concatenation.
     col_gmems = {n: [refs.pop(0) for _ in range(num_weights)] for n in col_names}
+    residual_gmem = refs.pop(0) if epilogue.residual else None
     out_gmems = [refs.pop(0) for _ in range(num_weights)]
     stats_out_gmems = (refs.pop(0), refs.pop(0)) if epilogue.row_stats_out else None
     assert not refs, refs
@@ -130,7 +133,11 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
         # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
         b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
-        out_smem=_swizzled((num_mma_wgs, 2, epi_m, epi_n), out_dtype, epi_n),
+        # Output staging; with a residual, a ring that each piece's residual lands in by TMA
+        # and its y leaves from (`RESIDUAL_SLOTS`).
+        out_smem=_swizzled(
+            (num_mma_wgs, RESIDUAL_SLOTS if epilogue.residual else 2, epi_m, epi_n), out_dtype,
+            epi_n),
         # Two TMA copies (A and B) arrive on each produced barrier.
         produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
         consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
@@ -148,9 +155,11 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
     if stats_out_gmems is not None:
         scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
+    if residual_gmem is not None:
+        scratch["residual_ready"] = plgpu.Barrier(num_barriers=num_mma_wgs * RESIDUAL_SLOTS)
 
     def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
-             vec_ready=None, vec_free=None, stats_out_smem=None):
+             vec_ready=None, vec_free=None, stats_out_smem=None, residual_ready=None):
         wg_idx = lax.axis_index("wg")
 
         def memory_warpgroup():
@@ -258,6 +267,12 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                     lax.fori_loop(0, k_iters, step_fn, acc_ref)
                     return acc_ref[...]
 
+                residual = None
+                if residual_gmem is not None:
+                    residual = ResidualPieces(
+                        residual_gmem, out_smem.at[wg_idx], residual_ready, wg_idx, config,
+                        row0=m_idx * cta_tile_m + wg_m0, col0=n_idx * cta_tile_n + wg_n0)
+                    residual.prefetch()
                 acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
                 rows = pl.ds(wg_m0, tile_m)
@@ -303,6 +318,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                     store=store,
                     vectors=vectors,
                     row_stats=row_stats,
+                    residual=residual,
                     config=config,
                     out_dtype=out_dtype,
                 )
@@ -320,71 +336,6 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     pl.run_scoped(body, **scratch, collective_axes="wg")
 
 
-def _epilogue(
-    acc: Array,
-    *,
-    wg_idx,
-    out_smem,
-    store,
-    vectors: dict,
-    row_stats,
-    config: TuningConfig,
-    out_dtype,
-) -> None:
-    """y = scale * acc - shift * c + b on one warpgroup's tile, stored in (epi_m x epi_n) pieces.
-
-    `vectors` maps row_scale/row_shift ([tile_m]) and col_sums/col_bias
-    ([tile_n]) to SMEM refs; `row_stats` is (SMEM [2, tile_m], GMEM
-    destinations) for the per-row (sum, sum of squares) of y.
-    """
-    tile_m, tile_n = config.tile_m, config.tile_n
-    epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
-    row_layout = plgpu.Layout.WGMMA.reduce(1)
-    col_layout = plgpu.Layout.WGMMA.reduce(0)
-    n_pieces = tile_n // epi_n
-    # Drain any store still reading out_smem (or the row statistics) from the previous tile.
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-    for mi in range(tile_m // epi_m):
-        rows = slice(mi * epi_m, (mi + 1) * epi_m)
-
-        def row_vector(name):
-            ref = vectors.get(name)
-            return None if ref is None else plgpu.load(ref.at[rows], layout=row_layout)
-
-        scale, shift = row_vector("row_scale"), row_vector("row_shift")
-        row_sum = row_sumsq = None
-        for ni in range(n_pieces):
-            cols = slice(ni * epi_n, (ni + 1) * epi_n)
-            y = acc[rows, cols]
-            if scale is not None:
-                y = y * lax.broadcast_in_dim(scale, y.shape, [0])
-            if shift is not None:
-                c = plgpu.load(vectors["col_sums"].at[cols], layout=col_layout)
-                y = y - (lax.broadcast_in_dim(shift, y.shape, [0])
-                         * lax.broadcast_in_dim(c, y.shape, [1]))
-            if "col_bias" in vectors:
-                b = plgpu.load(vectors["col_bias"].at[cols], layout=col_layout)
-                y = y + lax.broadcast_in_dim(b, y.shape, [1])
-            if row_stats is not None:
-                part_sum, part_sumsq = jnp.sum(y, axis=1), jnp.sum(y * y, axis=1)
-                row_sum = part_sum if row_sum is None else row_sum + part_sum
-                row_sumsq = part_sumsq if row_sumsq is None else row_sumsq + part_sumsq
-            slot = (mi * n_pieces + ni) % 2
-            # The store issued two pieces ago read this slot; wait until it has.
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            out_smem[wg_idx, slot] = y.astype(out_dtype)
-            # Make the generic-proxy SMEM writes visible to the TMA engine.
-            plgpu.commit_smem()
-            store(out_smem.at[wg_idx, slot], mi * epi_m, ni * epi_n)
-        if row_stats is not None:
-            row_stats[0].at[0, rows][...] = row_sum
-            row_stats[0].at[1, rows][...] = row_sumsq
-    if row_stats is not None:
-        plgpu.commit_smem()
-        for j in range(2):
-            plgpu.copy_smem_to_gmem(row_stats[0].at[j], row_stats[1][j])
-
-
 def run(
     x: Array,
     weights: Sequence[Array],
@@ -393,18 +344,22 @@ def run(
     config: TuningConfig,
     epilogue: Epilogue,
     interpret: bool,
+    residual: Array | None = None,
 ) -> tuple[Array, ...]:
-    """Run the kernel: (x, *weights, *vectors) -> (*outputs[, row_sum, row_sumsq]).
+    """Run the kernel: (x, *weights, *vectors[, residual]) -> (*outputs[, row_sum, row_m2]).
 
     vectors: float32, in this order, those the epilogue uses: row_scale [M],
     row_shift [M], col_sums [N_i] for every weight, col_bias [N_i] for every weight.
+    residual (with `epilogue.residual`): [M, N] of x's dtype, added to y in float32.
     """
     check_shapes(x, weights, config)
+    check_epilogue(x, weights, config, epilogue, residual)
     m = x.shape[0]
     m_rows = padded_rows(m)
     x = pad_rows(x, m_rows)
+    extra = () if residual is None else (pad_rows(residual, m_rows),)
     results = _build(x, weights, config=config, epilogue=epilogue, interpret=interpret)(
-        x, *weights, *vectors
+        x, *weights, *vectors, *extra
     )
     outs = tuple(crop_rows(y, m) for y in results[: len(weights)])
     return outs + tuple(results[len(weights):])

@@ -1,9 +1,11 @@
 """docs/design.md section 1, items 1-6: hand-countable anchors, then random float64 cases."""
 
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jaxnorm import row_stats
 from verify import identities
 from verify import references as ref
 
@@ -72,6 +74,37 @@ def test_shifted_combine_keeps_float32_digits_where_moments_lose_them():
     assert np.max(np.abs(moments - var64) / var64) > 0.5
 
 
+def test_anchor_chan_combine():
+    """[1, 3 | 10, 14]: partials (2, 4, 2) and (2, 24, 8); mean 28 / 4 = 7,
+    M2 = 2 + 8 + 2 (2 - 7)^2 + 2 (12 - 7)^2 = 110 (= 4 np.var)."""
+    x = np.array([[1.0, 3.0, 10.0, 14.0]])
+    parts = [identities.sum_m2_partials(p) for p in (x[:, :2], x[:, 2:])]
+    np.testing.assert_array_equal(np.concatenate(parts[0]), [2, 4, 2])
+    np.testing.assert_array_equal(np.concatenate(parts[1]), [2, 24, 8])
+    mean, m2 = identities.combine_sum_m2(parts)
+    assert mean[0] == 7.0 and m2[0] == 110.0 and 4 * np.var(x) == 110.0
+
+
+def test_anchor_chan_combine_keeps_float32_digits():
+    """|mean| / std = 1e3: jaxnorm's float32 combine of (sum, M2) partials (the residual
+    GEMM's) keeps M2 to ~1e-5 where E[x^2] - E[x]^2 loses it."""
+    x = (1e3 + np.random.default_rng(1).standard_normal((4, 4096))).astype(np.float32)
+    assert identities.chan_statistics(x, 32) < 1e-4
+    partials = [identities.sum_m2_partials(p) for p in np.split(x, 32, axis=-1)]
+    sums, m2s = (np.stack([p[i] for p in partials]) for i in (1, 2))
+    mean, m2 = row_stats.from_partials(jnp.asarray(sums), jnp.asarray(m2s), 128)
+    x64 = x.astype(np.float64)
+    m2_64 = np.sum((x64 - x64.mean(-1, keepdims=True)) ** 2, -1)
+    assert np.max(np.abs(np.asarray(m2) - m2_64) / m2_64) < 1e-4
+    moments = 4096 * (np.mean(x * x, -1) - np.mean(x, -1) ** 2)
+    assert np.max(np.abs(moments - m2_64) / m2_64) > 1e-2
+
+
+def test_anchor_rms_from_mean_m2():
+    """[3, 4]: mean 3.5, M2 0.5: M2/2 + mean^2 = 0.25 + 12.25 = 12.5 = mean(x^2)."""
+    assert identities.norms_from_mean_m2(np.array([[3.0, 4.0]]), 0.0) < 1e-15
+
+
 def test_anchor_rms_scale_invariance():
     """RMSNorm([3, 4]) = [3, 4] / sqrt(12.5) = RMSNorm([6, 8]) (eps = 0)."""
     expected = np.array([[3.0, 4.0]]) / np.sqrt(12.5)
@@ -132,6 +165,19 @@ def test_shifted_statistics(shape, seed, chunks, shift, reference, offset):
     x = _draw(seed, m, k) + offset
     assert identities.shifted_statistics(x, min(chunks, k), shift, reference) < (
         FLOAT64_LEVEL * k)
+
+
+@given(shapes, seeds, st.integers(1, 8), st.floats(-1e4, 1e4))
+def test_chan_statistics(shape, seed, chunks, offset):
+    m, k, _ = shape
+    assert identities.chan_statistics(_draw(seed, m, k) + offset, min(chunks, k)) < (
+        FLOAT64_LEVEL * k)
+
+
+@given(shapes, seeds, st.floats(1e-6, 1.0), st.floats(-100, 100))
+def test_norms_from_mean_m2(shape, seed, eps, offset):
+    m, k, _ = shape
+    assert identities.norms_from_mean_m2(_draw(seed, m, k) + offset, eps) < FLOAT64_LEVEL * k
 
 
 @given(shapes, seeds, st.integers(1, 32))

@@ -95,6 +95,10 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
         run("chunked statistics", lambda r: identities.chunked_statistics(arrays(r, 3, 50), 4)),
         run("shifted statistics", lambda r: identities.shifted_statistics(
             arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8, "first")),
+        run("Chan (sum, M2) statistics", lambda r: identities.chan_statistics(
+            arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8)),
+        run("norms from (mean, M2)", lambda r: identities.norms_from_mean_m2(
+            arrays(r, 3, 40) + r.uniform(-10, 10), 1e-6)),
         run("deferred scale", lambda r: identities.deferred_scale(
             arrays(r, 3, 40), arrays(r, 40, 6), 1e-6, 16)),
         run("norm cancellation", lambda r: identities.norm_cancellation(

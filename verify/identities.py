@@ -111,6 +111,44 @@ def shifted_statistics(x: np.ndarray, chunks: int, shift: str = "first",
                _rel(var.astype(np.float64), np.var(x64, -1)))
 
 
+def sum_m2_partials(part: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One tile's partials as the GEMM epilogue writes them: (count, sum, M2 about its mean)."""
+    total = np.sum(part, axis=-1)
+    m2 = np.sum((part - total[..., None] / part.shape[-1]) ** 2, axis=-1)
+    return np.full(total.shape, part.shape[-1], part.dtype), total, m2
+
+
+def combine_sum_m2(partials: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Chan's combine of (count, sum, M2) partials into the row's (mean, M2):
+    mean = sum_c sum_c / K, M2 = sum_c M2_c + sum_c n_c (sum_c / n_c - mean)^2."""
+    counts, sums, m2s = (np.stack(column) for column in zip(*partials))
+    mean = np.sum(sums, axis=0) / np.sum(counts, axis=0)
+    return mean, np.sum(m2s, axis=0) + np.sum(counts * (sums / counts - mean) ** 2, axis=0)
+
+
+def chan_statistics(x: np.ndarray, chunks: int) -> float:
+    """3''. A row's (mean, M2) from per-tile (sum, M2) partials by Chan's combine equals the
+    two-pass (mean, sum of squared deviations) of the whole row: what `residual_dense`'s
+    kernel writes per warpgroup tile and XLA combines (tiles of unequal width included)."""
+    partials = [sum_m2_partials(p) for p in np.array_split(x, chunks, axis=-1)]
+    mean, m2 = combine_sum_m2(partials)
+    x64 = x.astype(np.float64)
+    mean64 = np.mean(x64, -1)
+    m2_64 = np.sum((x64 - mean64[..., None]) ** 2, -1)
+    return max(_rel(mean.astype(np.float64), mean64), _rel(m2.astype(np.float64), m2_64))
+
+
+def norms_from_mean_m2(x: np.ndarray, eps: float) -> float:
+    """3'''. The norms' row scales from (mean, M2) alone: r = rsqrt(M2/K + mean^2 + eps)
+    (mean(x^2) = var + mean^2) and s = rsqrt(M2/K + eps)."""
+    k = x.shape[-1]
+    mean = np.mean(x, -1, keepdims=True)
+    m2 = np.sum((x - mean) ** 2, -1, keepdims=True)
+    r = 1.0 / np.sqrt(m2 / k + mean**2 + eps)
+    s = 1.0 / np.sqrt(m2 / k + eps)
+    return max(_rel(r, ref.rms_inverse(x, eps)), _rel(s, ref.mean_and_inverse_std(x, eps)[1]))
+
+
 def deferred_scale(x: np.ndarray, w: np.ndarray, eps: float, k_tile: int) -> float:
     """4. The K-loop accumulates X W and the statistic independently; the scale waits for both.
 

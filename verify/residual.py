@@ -86,6 +86,16 @@ def judge_residual(h, stats, source: str, **inputs) -> list[Judged]:
     return judged
 
 
+def check_statistics_of_rounded(y, mean, m2) -> float:
+    """Worst error/tolerance of float32 row statistics of a GEMM's float32 y, given only y
+    rounded to its dtype: the two differ by at most u_y |y| per element."""
+    y64 = f64(np.asarray(y))
+    mean64, m2_64 = row_statistics(y64)
+    t_mean, t_m2 = statistics_tolerance(y64, tol.unit_roundoff(np.asarray(y).dtype) * np.abs(y64))
+    return max(_ratio(Judged("mean", np.asarray(mean), mean64, t_mean)),
+               _ratio(Judged("m2", np.asarray(m2), m2_64, t_m2)))
+
+
 def source_of(impl: str | None) -> str:
     """Where the statistics of a residual_dense call with `impl` were taken."""
     if impl is None:

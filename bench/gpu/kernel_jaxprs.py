@@ -89,6 +89,14 @@ def _gemm_cases() -> Iterator[Case]:
             x, [w], prenormalize=False, config=c), (x, w))
         yield (f"gemm/config/{name}/plain", lambda x, w, c=config: pm.plain_matmul(
             x, w, config=c), (x, w))
+    try:
+        from pallas_kernels import residual_matmul as rm
+    except ImportError:  # a commit before the residual GEMM
+        return
+    for m, k, n in [(8192, 4096, 4096), (8192, 14336, 4096), (16, 4096, 4096)]:
+        yield (f"gemm/residual_bias/{m}x{k}x{n}/gpu",
+               lambda x, w, r, b: rm.residual_matmul(x, w, r, bias=b),
+               (S((m, k), BF16), S((k, n), BF16), S((m, n), BF16), S((n,), F32)))
 
 
 def _row_norm_cases() -> Iterator[Case]:

@@ -1,0 +1,159 @@
+"""The residual GEMM under the Mosaic GPU interpreter, with race detection, on a CPU.
+
+h = x @ w + b + r and its rows' (mean, M2) from the kernel's per-warpgroup partials,
+judged against float64 (verify.residual): statistics combined across N tiles and
+pieces, several row blocks, M not a multiple of the tile, LayerNorm-like rows with
+|mean|/std = 1e3, and the statistics feeding the pre-norm kernels.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxnorm
+from jaxnorm import row_stats
+from jaxnorm.backends import mosaic_residual
+from jaxnorm.dispatch import Unsupported
+from kernel_checks import assert_race_free
+from pallas_kernels import gemm_config
+from pallas_kernels import residual_matmul as rm
+from test_residual import consume, consumer_inputs, residual_inputs
+from verify import residual as vr
+from verify.checks import _ratio
+
+Config = gemm_config.TuningConfig
+# 128 x 128 warpgroup tiles in 64 x 32 pieces (8 per tile, the ring wraps), CTA tile 256 wide.
+PIECES = Config(tile_m=128, tile_n=128, epi_tile_m=64, epi_tile_n=32, max_concurrent_steps=3)
+# Warpgroups stacked along M: one partial per CTA tile's columns.
+STACKED = Config(tile_m=64, tile_n=128, epi_tile_m=64, epi_tile_n=64,
+                 wg_dimension=gemm_config.MatmulDimension.M)
+
+
+def _rng(request) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _run(inputs, config):
+    h, (sums, m2s) = rm.residual_matmul(inputs["x"], inputs["kernel"], inputs["residual"],
+                                        bias=inputs["bias"], config=config, interpret=True)
+    assert_race_free()
+    n = inputs["kernel"].shape[1]
+    counts = gemm_config.part_columns(n, config or rm.residual_config(*inputs["x"].shape, n))
+    mean, m2 = row_stats.from_partials(sums, m2s, counts)
+    return h, row_stats.RowStats(mean, m2, n)
+
+
+@pytest.mark.parametrize("case", [
+    (130, 128, 512, PIECES, True, 0.0),
+    (130, 128, 512, PIECES, False, 1e3),
+    (200, 64, 256, STACKED, True, 1e3),
+    (16, 128, 256, None, True, 0.0),
+    (300, 64, 128, None, True, 0.0),
+], ids=["pieces_two_n_tiles", "pieces_mean_1e3", "stacked_mean_1e3", "decode_default",
+        "default_three_row_blocks"])
+def test_residual_kernel_matches_float64(case, request):
+    m, k, n, config, bias, mean_ratio = case
+    inputs = residual_inputs(_rng(request), (m,), k, n, bias=bias, mean_ratio=mean_ratio)
+    h, stats = _run(inputs, config)
+    judged = vr.judge_residual(h, stats, "float32", **inputs)
+    assert max(_ratio(j) for j in judged) <= 1.0
+
+
+def test_sum_of_squares_would_lose_the_variance(request):
+    """The judge is sharp enough to fail float32 (sum, sum of squares) at |mean|/std = 1e3,
+    which the kernel's (sum, M2) passes."""
+    inputs = residual_inputs(_rng(request), (130,), 128, 512, bias=False, mean_ratio=1e3)
+    h, stats = _run(inputs, PIECES)
+    h32 = np.asarray(jnp.asarray(vr.reference(**inputs)[0], jnp.float32))
+    sums, squares = h32.sum(1, dtype=np.float32), (h32 * h32).sum(1, dtype=np.float32)
+    naive_m2 = squares - sums * sums / np.float32(h32.shape[1])
+    kernel = {j.name: j for j in vr.judge_residual(h, stats, "float32", **inputs)}
+    naive = {j.name: j for j in vr.judge_residual(h, stats._replace(m2=jnp.asarray(naive_m2)),
+                                                  "float32", **inputs)}
+    assert _ratio(kernel["m2"]) <= 1.0
+    with pytest.raises(AssertionError, match="m2: error"):
+        _ratio(naive["m2"])
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_residual_kernel_feeds_the_pre_norm_kernel(kind, request):
+    """residual_dense -> rms_norm_dense / layer_norm_dense(statistics=...), both kernels."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (2, 65), 64, 256, mean_ratio=3.0 if kind == "layer" else 0.0)
+    h, stats = jaxnorm.residual_dense(inputs["x"], inputs["kernel"], inputs["residual"],
+                                      inputs["bias"], impl="interpret")
+    assert vr.check_residual("interpret", **inputs) <= 1.0
+    norm_inputs = consumer_inputs(rng, kind, 256, (128, 64))
+    outs = consume(kind, h, stats, norm_inputs, "interpret")
+    assert_race_free()
+    assert vr.check_consumer(f"{kind}_norm_dense", outs, "interpret", x=h, **norm_inputs) <= 1.0
+
+
+def test_kernel_gradient_matches_float64(request):
+    """The custom_vjp around the kernel: cotangents for h, mean and M2."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (64,), 64, 256)
+    names = ("x", "kernel", "residual", "bias")
+
+    def f(a):
+        h, stats = jaxnorm.residual_dense(*(a[k] for k in names), impl="interpret")
+        return h, stats.mean, stats.m2
+
+    out, vjp = jax.vjp(f, {k: inputs[k] for k in names})
+    dh = jnp.asarray(rng.standard_normal(out[0].shape), out[0].dtype)
+    dmean = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    dm2 = jnp.asarray(rng.standard_normal(64) / 256, jnp.float32)
+    (grads,) = vjp((dh, dmean, dm2))
+    args = [inputs[k] for k in names]
+    expected = vr.residual_vjp(*args, dh, dmean, dm2)
+    magnitudes = vr.residual_vjp(*args, dh, dmean, dm2, magnitude=True)
+    assert vr.check_grads(grads, expected, magnitudes, jnp.bfloat16, 256) <= 1.0
+
+
+def test_what_the_kernel_does_not_serve(request):
+    inputs = residual_inputs(_rng(request), (8,), 64, 384)
+    with pytest.raises(Unsupported, match="N=384 to be a multiple of the CTA tile 256"):
+        rm.residual_matmul(inputs["x"], inputs["kernel"], inputs["residual"], config=PIECES,
+                           interpret=True)
+    f32 = residual_inputs(_rng(request), (8,), 64, 128, jnp.float32)
+    with pytest.raises(Unsupported, match="float32 not served"):
+        jaxnorm.residual_dense(f32["x"], f32["kernel"], f32["residual"], impl="interpret")
+
+
+def test_automatic_use_only_at_the_benched_shapes():
+    x = jax.ShapeDtypeStruct((8192, 4096), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    assert mosaic_residual._not_measured(x, w, None, None) is None
+    small = jax.ShapeDtypeStruct((512, 4096), jnp.bfloat16)
+    assert "not measured" in mosaic_residual._not_measured(small, w, None, None)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_composed_kernel_gradient_equals_the_unfused_pair(kind, request):
+    """Both kernels' custom_vjps (residual_dense, then the pre-norm GEMM given the
+    statistics): the gradient of h -> Norm -> dense, against float64."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (32,), 64, 128)
+    norm_inputs = consumer_inputs(rng, kind, 128, (64,))
+    norm_inputs["bias"] = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((32, 64)), jnp.bfloat16)
+    res_names = ("x", "kernel", "residual", "bias")
+    norm_names = ("scale", "kernel", "bias") + (("norm_bias",) if kind == "layer" else ())
+
+    def loss(a, b):
+        h, stats = jaxnorm.residual_dense(*(a[k] for k in res_names), impl="interpret")
+        y = consume(kind, h, stats, {**norm_inputs, **b}, "interpret")
+        return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
+
+    grads_a, grads_b = jax.grad(loss, argnums=(0, 1))(
+        {k: inputs[k] for k in res_names}, {k: norm_inputs[k] for k in norm_names})
+    got = {**grads_a, **{f"norm_{k}": v for k, v in grads_b.items()}}
+    dy64 = np.asarray(dy, np.float64)
+    expected = vr.composed_vjp(kind, inputs, norm_inputs, dy64, magnitude=False)
+    magnitudes = vr.composed_vjp(kind, inputs, norm_inputs, dy64, magnitude=True)
+    assert vr.check_grads(got, expected, magnitudes, jnp.bfloat16, 128) <= 1.0
