@@ -26,17 +26,22 @@ Array = jax.Array
 
 
 class OffsetRMSNorm(nnx.RMSNorm):
-    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (offset + scale)."""
+    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (offset + scale),
+    rounding as `convention` says (`jaxnorm.conventions`: HF Llama casts before the gain)."""
 
-    def __init__(self, num_features: int, *, offset: float, **kw):
+    def __init__(self, num_features: int, *, offset: float, convention: str = "flax", **kw):
         super().__init__(num_features, **kw)
         self.offset = offset
+        self.convention = convention
 
     def __call__(self, x: Array) -> Array:
         scale = None if self.scale is None else self.scale[...]
-        x, scale = promote_dtype((x, scale), dtype=self.dtype)
+        if self.convention == "flax" or self.dtype is not None:
+            x, scale = promote_dtype((x, scale), dtype=self.dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+        if scale is not None and self.convention == "hf_llama":
+            return y.astype(x.dtype) * (scale + jnp.asarray(self.offset, scale.dtype))
         if scale is not None:
             y = y * (self.offset + scale.astype(jnp.float32))
         return y.astype(x.dtype)
@@ -70,9 +75,11 @@ def rms_norm(cfg: ModelConfig, features: int, *, use_scale: bool = True,
     kw = dict(epsilon=cfg.eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_scale=use_scale,
               scale_init=_scale_init(cfg), rngs=rngs)
     if cfg.fused:
-        return jnnx.RMSNorm(features, scale_offset=cfg.scale_offset, impl=cfg.impl, **kw)
-    if cfg.norm_offset:
-        return OffsetRMSNorm(features, offset=cfg.norm_offset, **kw)
+        return jnnx.RMSNorm(features, scale_offset=cfg.scale_offset,
+                            convention=cfg.norm_convention, impl=cfg.impl, **kw)
+    if cfg.norm_offset or cfg.norm_convention != "flax":
+        return OffsetRMSNorm(features, offset=cfg.norm_offset, convention=cfg.norm_convention,
+                             **kw)
     return nnx.RMSNorm(features, **kw)
 
 
@@ -99,16 +106,20 @@ def linear(cfg: ModelConfig, in_features: int, out_features: int, *, use_bias: b
                       param_dtype=cfg.param_dtype, rngs=rngs)
 
 
-def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array) -> Array:
-    """norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), added to the residual by
-    the caller. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm`."""
+def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array,
+                      residual: Array | None = None) -> Array:
+    """[residual +] norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), then the
+    residual add. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm` with
+    `residual_after=` (the add in its epilogue)."""
     if not cfg.fused:
-        return norm(proj(x))
+        y = norm(proj(x))
+        return y if residual is None else residual + y
     bias = None if proj.bias is None else proj.bias[...]
-    x, kernel, bias, scale = promote_dtype((x, proj.kernel[...], bias, norm.scale[...]),
-                                           dtype=cfg.dtype)
+    x, kernel, bias, scale, residual = promote_dtype(
+        (x, proj.kernel[...], bias, norm.scale[...], residual), dtype=cfg.dtype)
     return jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=cfg.eps,
-                                  scale_offset=cfg.scale_offset, impl=cfg.impl)
+                                  scale_offset=cfg.scale_offset, residual_after=residual,
+                                  impl=cfg.impl)
 
 
 def tied_logits(norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:

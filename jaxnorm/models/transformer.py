@@ -51,8 +51,10 @@ class Attention(nnx.Module):
             self.o_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
 
     def __call__(self, q: Array, k: Array, v: Array, slots: Array,
-                 cache: tuple[Array, Array] | None,
-                 pad: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
+                 cache: tuple[Array, Array] | None, pad: Array | None = None,
+                 residual: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
+        """The attention output, plus `residual` when given (with post_norms the add is
+        part of the output norm's post-norm op)."""
         cfg = self.cfg
         sliding = cfg.is_sliding(self.layer)
         b, t, _ = q.shape
@@ -76,8 +78,9 @@ class Attention(nnx.Module):
                               cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
                               pad=pad)
         if cfg.post_norms:
-            return layers.project_then_norm(cfg, self.o, self.o_norm, heads), cache
-        return self.o(heads), cache
+            return layers.project_then_norm(cfg, self.o, self.o_norm, heads, residual), cache
+        out = self.o(heads)
+        return (out if residual is None else residual + out), cache
 
 
 class Block(nnx.Module):
@@ -110,12 +113,11 @@ class Block(nnx.Module):
     def __call__(self, x: Array, slots: Array, cache: tuple[Array, Array] | None,
                  pad: Array | None = None):
         q, k, v = self._qkv(x)
-        attn, cache = self.attn(q, k, v, slots, cache, pad)
-        x = x + attn
+        x, cache = self.attn(q, k, v, slots, cache, pad, residual=x)
         gate, up = self.mlp_in(x)
         h = layers.activation(self.cfg, gate) * up
         if self.cfg.post_norms:
-            return x + layers.project_then_norm(self.cfg, self.down, self.down_norm, h), cache
+            return layers.project_then_norm(self.cfg, self.down, self.down_norm, h, x), cache
         return x + self.down(h), cache
 
 
