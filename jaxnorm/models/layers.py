@@ -161,7 +161,7 @@ def softcap(x: Array, cap: float | None) -> Array:
 
 def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | None = None,
            cap: float | None = None, window: int | None = None,
-           pad: Array | None = None) -> Array:
+           pad: Array | None = None, reference: bool = False) -> Array:
     """Causal grouped-query attention: q [B, T, H, D] over k, v [B, S, KV, D].
 
     Key j sits at slot j, so a query at slot p sees keys 0..p (p - window < j
@@ -169,22 +169,40 @@ def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | 
     slot and stay masked. Row b's first pad[b] slots are left padding, seen by no real
     query (a padding query sees itself, so no row is empty). Scores are scaled by
     scalar^-1/2 (default D), then soft-capped by `cap`, then masked.
+
+    Without a soft-cap (which it has no place for) this is `jax.nn.dot_product_attention`
+    with the mask above and implementation=None: JAX's pick (XLA in jax 0.11, cuDNN's flash
+    attention where JAX selects it); soft-capped scores, mixed dtypes and `reference=True`
+    take the reference einsum path (docs/guide.md, attention).
     """
     b, t, h, d = q.shape
+    visible = _visible(q_positions, k.shape[1], window, pad)  # [B or 1, 1, T, S]
+    scale = 1.0 / np.sqrt(d if scalar is None else scalar)
+    if cap is None and not reference and q.dtype == k.dtype == v.dtype:
+        out = jax.nn.dot_product_attention(q, k, v, mask=visible, scale=float(scale),
+                                           implementation=None)
+        return out.reshape(b, t, h * d)
     kv = k.shape[2]
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = softcap(scores / jnp.sqrt(jnp.float32(d if scalar is None else scalar)), cap)
-    keys = jnp.arange(k.shape[1])[None, :]
+    probs = jax.nn.softmax(jnp.where(visible[:, :, None], scores, -jnp.inf), axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
+    return out.reshape(b, t, h * d)
+
+
+def _visible(q_positions: Array, num_keys: int, window: int | None,
+             pad: Array | None) -> Array:
+    """Which keys each query sees (see `attend`), [B, 1, T, S] with `pad`, else [1, 1, T, S]."""
+    keys = jnp.arange(num_keys)[None, :]
     visible = keys <= q_positions[:, None]  # [T, S]
     if window is not None:
         visible = visible & (keys > q_positions[:, None] - window)
-    if pad is not None:  # [B, 1, 1, T, S] against the scores' [B, KV, G, T, S]
-        real = (keys >= pad[:, None])[:, None, :] | (keys == q_positions[:, None])[None]
-        visible = (visible[None] & real)[:, None, None]
-    probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
-    return out.reshape(b, t, h * d)
+    visible = visible[None, None]
+    if pad is not None:
+        real = (keys >= pad[:, None])[:, None, None, :] | (keys == q_positions[:, None])[None, None]
+        visible = visible & real
+    return visible
 
 
 def activation(cfg: ModelConfig, x: Array) -> Array:
