@@ -3,6 +3,8 @@
 The op names the work every implementation of a row computes:
 - "norm_gemm": Norm(x) @ W for one or more weights sharing the norm (pre-norm);
 - "gemm_norm": RMSNorm(x @ W + b) (post-norm);
+- "gemm_norm_add": r + RMSNorm(x @ W + b) (post-norm, the residual added after: Gemma 2/3,
+  OLMo 2);
 - "norm": a standalone norm;
 - "train": forward and backward (pullback of a random cotangent) of norm_gemm.
 Inputs: x ~ N(0, 1), weights ~ N(0, 1/K), gains 1 + 0.1 N(0, 1), biases
@@ -49,9 +51,10 @@ class Case:
         m, k = self.m, self.k
         x = ((m, k), 0.0, 1.0)
         weights = [((k, n), 0.0, k**-0.5) for n in self.ns]
-        if self.op == "gemm_norm":
+        if self.op in ("gemm_norm", "gemm_norm_add"):
             (n,) = self.ns
-            return [x, weights[0], ((n,), 0.0, 0.1), ((n,), 1.0, 0.1)]
+            residual = [((m, n), 0.0, 1.0)] if self.op == "gemm_norm_add" else []
+            return [x, weights[0], ((n,), 0.0, 0.1), ((n,), 1.0, 0.1), *residual]
         vectors = [((k,), 1.0, 0.1)] + ([((k,), 0.0, 0.1)] if self.norm == "layer" else [])
         if self.op == "norm":
             return [x, *vectors]
@@ -86,4 +89,6 @@ class Case:
             return ledger.gemm_ops(m, k, ns)
         if self.op == "gemm_norm":
             return ledger.gemm_norm_ops(m, k, ns[0], fused=fused)
+        if self.op == "gemm_norm_add":
+            return ledger.gemm_norm_add_ops(m, k, ns[0], fused=fused)
         return ledger.norm_gemm_ops(m, k, ns, norm=self.norm, fused=fused)

@@ -36,7 +36,8 @@ class Impl:
     """Computes the projection without the norm: a floor to compare with, not a competitor."""
 
 
-REGISTRY: dict[str, dict[str, Impl]] = {"norm_gemm": {}, "gemm_norm": {}, "norm": {}, "train": {}}
+REGISTRY: dict[str, dict[str, Impl]] = {"norm_gemm": {}, "gemm_norm": {}, "gemm_norm_add": {},
+                                      "norm": {}, "train": {}}
 
 
 def register(
@@ -154,6 +155,28 @@ def _plain_gemm_norm(case: Case) -> Fn:
 @register("gemm_norm", "xla-dot", gemm_only=True)
 def _xla_dot_gemm_norm(case: Case) -> Fn:
     return lambda x, w, bias, scale: x @ w
+
+
+# ------------------------------------------------ gemm_norm_add (post-norm, residual after)
+
+
+@register("gemm_norm_add", "xla")
+def _xla_gemm_norm_add(case: Case) -> Fn:
+    """What a Gemma 2 / OLMo 2 block writes without jaxnorm: XLA's dot, norm, then the add."""
+    return lambda x, w, bias, scale, r: r + stock_rms_norm(x @ w + bias, scale)
+
+
+@register("gemm_norm_add", "jaxnorm")
+def _jaxnorm_gemm_norm_add(case: Case) -> Fn:
+    import jaxnorm
+
+    return lambda x, w, bias, scale, r: jaxnorm.dense_rms_norm(x, w, bias, scale,
+                                                               residual_after=r, impl="mosaic")
+
+
+@register("gemm_norm_add", "xla-dot", gemm_only=True)
+def _xla_dot_gemm_norm_add(case: Case) -> Fn:
+    return lambda x, w, bias, scale, r: x @ w
 
 
 # ---------------------------------------------------------------- standalone norms

@@ -401,6 +401,16 @@ def gemm_norm_ops(m: int, k: int, n: int, *, fused: bool) -> list[Op]:
     return [Op("gemm", GEMM, matmul(m, k, n)), bias, norm]
 
 
+def gemm_norm_add_ops(m: int, k: int, n: int, *, fused: bool) -> list[Op]:
+    """r + RMSNorm(x @ W + b) (Gemma 2/3, OLMo 2): fused, the residual tile is read once by
+    the GEMM's epilogue; unfused, a separate add reads the normed output and r."""
+    if fused:
+        add = Op("residual_add", ELEMENTWISE, Cost(m * n, m * n), host="gemm")
+    else:
+        add = Op("residual_add", ELEMENTWISE, residual_add(m, n))
+    return gemm_norm_ops(m, k, n, fused=fused) + [add]
+
+
 def norm_ops(m: int, k: int, *, norm: str = "rms") -> list[Op]:
     """A standalone norm with gain (LayerNorm: and bias)."""
     return [Op("norm", NORM, rms_norm(m, k) if norm == "rms" else layer_norm(m, k))]

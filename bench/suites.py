@@ -55,7 +55,10 @@ def _norm_gemm(o: Options) -> list[Case]:
 def _post_norm(o: Options) -> list[Case]:
     ms = shapes.M_QUICK if o.quick else shapes.M_ALL
     kns = shapes.POST_NORM_KNS[:2] if o.quick else shapes.POST_NORM_KNS
-    return [Case("gemm_norm", m, k, ns) for k, ns in kns for m in ms]
+    after_ms = (4096,) if o.quick else shapes.POST_NORM_ADD_MS
+    after = [Case("gemm_norm_add", m, k, ns, label="+r after")
+             for k, ns in shapes.POST_NORM_ADD_KNS for m in after_ms]
+    return [Case("gemm_norm", m, k, ns) for k, ns in kns for m in ms] + after
 
 
 def _norms(o: Options) -> list[Case]:

@@ -61,12 +61,13 @@ class _Static(NamedTuple):
     dtypes: Any  # the differentiable inputs' dtypes (None where absent): cotangents match them
     axis_name: tuple | None  # the mesh axes that shard the normalized rows (row-parallel)
     automatic: bool = False  # impl=None resolved to a kernel: differentiate the xla formulation
+    residual_after: bool = False  # post-norm: r + Norm(x @ W + b), not Norm(x @ W + b + r)
 
 
 def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
-            *inputs, automatic: bool = False) -> _Static:
+            *inputs, automatic: bool = False, residual_after: bool = False) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
-    return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic)
+    return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after)
 
 
 def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -307,55 +308,67 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
 
 
 def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, *,
-                       pre_norm_sum: bool) -> tuple[Array, Array | None]:
+                       pre_norm_sum: bool, after: bool) -> tuple[Array, Array | None]:
+    """(y, h or None); with `after` the residual is added to y after the norm, not to h."""
     if s.axis_name is not None:
         # Column-parallel: this shard's N columns of h, normalized with whole-row statistics.
-        h = sharding.split_pre_norm_sum(x, kernel, bias, residual, None)
+        h = sharding.split_pre_norm_sum(x, kernel, bias, None if after else residual, None)
         y = sharding.normalized(s.kind, h, _row_stats(s, h), _gain(scale, 0.0), norm_bias)
+        y = y + residual.astype(F32) if after else y
         return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
     norm_args = _norm_params(s.kind, scale, norm_bias)
     return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
-                    pre_norm_sum=pre_norm_sum)
+                    pre_norm_sum=pre_norm_sum, residual_after=after)
 
 
-def _has_residual(s: _Static) -> bool:
-    return s.dtypes[5] is not None
+def _returns_sum(s: _Static) -> bool:
+    """Whether the op returns (y, pre-norm sum): with a residual added before the norm."""
+    return s.dtypes[5] is not None and not s.residual_after
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
-    """y, or (y, pre-norm sum) with a residual; without one the sum is never written."""
+    """y, or (y, pre-norm sum) with a residual before the norm; else the sum is never written."""
     y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
-                              pre_norm_sum=_has_residual(s))
-    return (y, h) if _has_residual(s) else y
+                              pre_norm_sum=_returns_sum(s), after=s.residual_after)
+    return (y, h) if _returns_sum(s) else y
 
 
 def _dense_norm_stock(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
     """The xla formulation with _dense_norm's output structure."""
     norm_args = _norm_params(s.kind, scale, norm_bias)
     y, h = dispatch.call(f"dense_{s.kind}_norm", "xla", x, kernel, bias, *norm_args, residual,
-                         eps=s.eps, pre_norm_sum=_has_residual(s))
-    return (y, h) if _has_residual(s) else y
+                         eps=s.eps, pre_norm_sum=_returns_sum(s),
+                         residual_after=s.residual_after)
+    return (y, h) if _returns_sum(s) else y
 
 
 def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
     if s.automatic:
         return jax.vjp(functools.partial(_dense_norm_stock, s), x, kernel, bias, scale,
                        norm_bias, residual)
-    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual, pre_norm_sum=True)
+    if s.residual_after:
+        # The backward needs h, which the residual-after kernel does not write: run the
+        # op without the residual (y and h), then add it (one more rounding of y).
+        normed, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, None,
+                                       pre_norm_sum=True, after=False)
+        y = (normed.astype(F32) + residual.astype(F32)).astype(x.dtype)
+    else:
+        y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
+                                  pre_norm_sum=True, after=False)
     # Statistics of the h the caller sees: the backward differentiates at that point.
     saved = (x, kernel, scale, h, _row_stats(s, h.astype(F32)))
-    return ((y, h) if _has_residual(s) else y), saved
+    return ((y, h) if _returns_sum(s) else y), saved
 
 
 def _dense_norm_bwd(s: _Static, res, cotangents: Any):
-    """H = X W + b + R; Y = Norm(H): dH from the row rule (plus H's own cotangent), then
-    dX = dH W^T, dW = X^T dH, db = colsum(dH), dR = dH."""
+    """H = X W + b (+ R); Y = Norm(H) (+ R after): dH from the row rule (plus H's own
+    cotangent), then dX = dH W^T, dW = X^T dH, db = colsum(dH); dR = dH, or dY after."""
     if s.automatic:
         return res(cotangents)
     x, kernel, scale, h, stats = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
-    dy, dh_out = cotangents if residual_dtype is not None else (cotangents, None)
+    dy, dh_out = cotangents if _returns_sum(s) else (cotangents, None)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
     dh = _norm_input_grad(s, rows, g * _gain(scale, 0.0))
@@ -366,7 +379,7 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     dx = matmul_f32(dh_op, kernel.T)
     dw = matmul_f32(x.T, dh_op)
     db = None if bias_dtype is None else jnp.sum(dh, axis=0)
-    d_res = None if residual_dtype is None else dh
+    d_res = None if residual_dtype is None else (dy if s.residual_after else dh)
     return _cast_like((dx, dw, db, d_scale, d_norm_bias, d_res), s.dtypes)
 
 
@@ -375,25 +388,31 @@ _dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
 
 def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
                norm_bias: Array | None, residual: Array | None, *, eps: float,
-               impl: str | None, axis_name: tuple | None = None) -> tuple[Array, Array | None]:
+               impl: str | None, axis_name: tuple | None = None,
+               residual_after: bool = False) -> tuple[Array, Array | None]:
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
-    sum), the sum only with a residual (else None). With `axis_name` the kernel's columns
+    sum), the sum only with a residual added before the norm (else None); with
+    `residual_after`, (residual + normed, None). With `axis_name` the kernel's columns
     (and the N-vectors, the residual's columns) are this shard's N-slice."""
+    returns_sum = residual is not None and not residual_after
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
             f"dense_{kind}_norm", (x, kernel, bias, scale, norm_bias, residual),
-            lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis))
+            lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis,
+                                       residual_after=residual_after),
+            has_sum=returns_sum)
         if explicit is not None:
             return explicit
         norm_args = _norm_params(kind, scale, norm_bias)
         chosen, automatic = _resolve(f"dense_{kind}_norm", impl, x, kernel, bias, *norm_args,
-                                     residual, eps=eps, pre_norm_sum=residual is not None)
+                                     residual, eps=eps, pre_norm_sum=returns_sum,
+                                     residual_after=residual_after)
     else:
         chosen, automatic = impl, False
     s = _static(kind, eps, 0.0, chosen, axis_name, x, kernel, bias, scale, norm_bias, residual,
-                automatic=automatic)
+                automatic=automatic, residual_after=residual_after)
     if impl is None and chosen == "xla":
         out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
-        return out if residual is not None else (out, None)
+        return out if returns_sum else (out, None)
     out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias, residual))
-    return out if residual is not None else (out, None)
+    return out if returns_sum else (out, None)

@@ -28,7 +28,7 @@ from flax import linen as nn
 from flax.linen.dtypes import canonicalize_dtype
 from flax.typing import Dtype, Initializer
 
-from jaxnorm import ops
+from jaxnorm import conventions, ops
 from jaxnorm.residual import residual_dense
 from jaxnorm.row_stats import RowStats
 
@@ -287,3 +287,33 @@ class ResidualDense(nn.Dense):
         return residual_dense(jnp.asarray(inputs, dtype), jnp.asarray(kernel, dtype),
                               jnp.asarray(residual, dtype),
                               None if bias is None else jnp.asarray(bias, dtype), impl=self.impl)
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for `nn.RMSNorm` (one `scale` parameter) running `jaxnorm.rms_norm`, with the
+    rounding `convention` of the implementation a checkpoint came from: "flax" (nn.RMSNorm's
+    promotion, the default), "hf_llama" (cast before the gain) or "gemma" (cast after it);
+    see `jaxnorm.conventions`. `scale_offset=1.0` is Gemma's (1 + scale) gain.
+
+    >>> norm = RMSNorm(convention="hf_llama")
+    >>> params = norm.init(jax.random.key(0), jnp.ones((2, 64)))
+    """
+
+    epsilon: float = 1e-6
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    use_scale: bool = True
+    scale_init: Initializer = nn.initializers.ones
+    scale_offset: float = 0.0
+    convention: str = "flax"
+    impl: str | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        conventions.check_convention(self.convention)
+        shape = (jnp.shape(x)[-1],)
+        scale = self.param("scale", self.scale_init, shape, self.param_dtype) if self.use_scale \
+            else None
+        return conventions.rms_norm_as(self.convention, jnp.asarray(x), scale, eps=self.epsilon,
+                                       scale_offset=self.scale_offset, dtype=self.dtype,
+                                       impl=self.impl)

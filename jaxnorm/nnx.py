@@ -30,7 +30,7 @@ from flax import nnx
 from flax.nnx.nn.dtypes import promote_dtype
 from flax.typing import Dtype, Initializer
 
-from jaxnorm import ops
+from jaxnorm import conventions, ops
 from jaxnorm.residual import residual_dense
 from jaxnorm.row_stats import RowStats
 
@@ -78,7 +78,9 @@ class RMSNorm(_Norm):
 
     Useful where no matmul follows (QK-norm, a final norm before a tied head),
     and for Gemma's (1 + scale) gain via `scale_offset=1.0` (pass zeros as
-    `scale_init` to start at unit gain).
+    `scale_init` to start at unit gain). `convention` picks where 16-bit inputs
+    round: "flax" (nnx.RMSNorm's promotion, the default), "hf_llama" (cast before
+    the gain) or "gemma" (cast after it); see `jaxnorm.conventions`.
 
     >>> norm = RMSNorm(64, rngs=nnx.Rngs(0))
     >>> y = norm(jnp.ones((2, 64)))
@@ -89,11 +91,17 @@ class RMSNorm(_Norm):
     def __init__(self, num_features: int, *, epsilon: float = 1e-6, dtype: Dtype | None = None,
                  param_dtype: Dtype = jnp.float32, use_scale: bool = True,
                  scale_init: Initializer = nnx.initializers.ones, scale_offset: float = 0.0,
-                 impl: str | None = None, rngs: nnx.Rngs):
+                 convention: str = "flax", impl: str | None = None, rngs: nnx.Rngs):
         super().__init__(num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
                          use_scale=use_scale, use_bias=False, scale_init=scale_init,
                          bias_init=nnx.initializers.zeros_init(), scale_offset=scale_offset,
                          impl=impl, rngs=rngs)
+        self.convention = conventions.check_convention(convention)
+
+    def __call__(self, x: Array) -> Array:
+        return conventions.rms_norm_as(self.convention, x, self.params()[0], eps=self.epsilon,
+                                       scale_offset=self.scale_offset, dtype=self.dtype,
+                                       impl=self.impl)
 
 
 class LayerNorm(_Norm):

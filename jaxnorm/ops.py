@@ -195,8 +195,16 @@ def layer_norm_dense(
 
 
 def _post_norm_inputs(
-    x: ArrayLike, kernel: ArrayLike, bias: ArrayLike | None, residual: ArrayLike | None
+    x: ArrayLike, kernel: ArrayLike, bias: ArrayLike | None, residual: ArrayLike | None,
+    residual_after: ArrayLike | None,
 ) -> tuple[jax.Array, jax.Array, tuple[int, ...], int, jax.Array | None]:
+    """x flattened, the kernel, x's leading dims, N, and the one residual given (flattened)."""
+    if residual is not None and residual_after is not None:
+        raise ValueError("give residual (added before the norm: Norm(x @ W + b + residual)) "
+                         "or residual_after (added after it: residual_after + Norm(x @ W + b)), "
+                         "not both")
+    name = "residual" if residual_after is None else "residual_after"
+    residual = residual if residual_after is None else residual_after
     k = _checks.check_activation("x", x)
     (w,), _ = _checks.as_kernel_tuple(kernel, k)
     n = w.shape[1]
@@ -204,10 +212,10 @@ def _post_norm_inputs(
     x = jnp.asarray(x)
     x2, lead = _flatten(x)
     if residual is not None:
-        _checks.check_float("residual", residual)
+        _checks.check_float(name, residual)
         if jnp.shape(residual) != (*lead, n):
             raise ValueError(
-                f"residual must have shape {(*lead, n)} (x's leading dims, N); "
+                f"{name} must have shape {(*lead, n)} (x's leading dims, N); "
                 f"got {jnp.shape(residual)}"
             )
         residual = jnp.asarray(residual).reshape(-1, n)
@@ -230,24 +238,28 @@ def dense_rms_norm(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
+    residual_after: ArrayLike | None = None,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain (scale + scale_offset).
 
     With `residual`, returns (normed, pre-norm sum) so the sum can feed the
-    residual stream without being recomputed. `scale_offset=1.0` is Gemma's
-    (1 + scale) gain. With `axis_name` (column-parallel) the kernel's columns and
-    the N-vectors are this shard's N-slice, normalized with whole-row statistics.
+    residual stream without being recomputed. With `residual_after` instead,
+    returns residual_after + RMSNorm(x @ kernel + bias), added in float32 before
+    the one rounding to x's dtype: Gemma 2/3's and OLMo 2's post-sublayer norm
+    (docs/post-norm.md). `scale_offset=1.0` is Gemma's (1 + scale) gain. With
+    `axis_name` (column-parallel) the kernel's columns and the N-vectors are this
+    shard's N-slice, normalized with whole-row statistics.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
-    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
+    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual, residual_after)
     _checks.check_vector("scale", scale, n)
     axis = sharding.normalize_axis_name(axis_name, w, "kernel")
     gain = _offset_gain(scale, scale_offset)
     y, h = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps, impl=impl,
-                               axis_name=axis)
+                               axis_name=axis, residual_after=residual_after is not None)
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))
 
@@ -262,20 +274,22 @@ def dense_layer_norm(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
+    residual_after: ArrayLike | None = None,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Post-norm LayerNorm(x @ kernel + bias [+ residual]); see `dense_rms_norm`."""
+    """Post-norm LayerNorm(x @ kernel + bias [+ residual]), or residual_after +
+    LayerNorm(x @ kernel + bias); see `dense_rms_norm`."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
-    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual)
+    x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual, residual_after)
     _checks.check_vector("scale", scale, n)
     _checks.check_vector("norm_bias", norm_bias, n)
     axis = sharding.normalize_axis_name(axis_name, w, "kernel")
     gain = _offset_gain(scale, scale_offset)
     y, h = autodiff.dense_norm(
         "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl,
-        axis_name=axis,
+        axis_name=axis, residual_after=residual_after is not None,
     )
     y = y.reshape(*lead, n)
     return y if h is None else (y, h.reshape(*lead, n))

@@ -157,10 +157,12 @@ def _per_device(static: _Call, args: tuple, k_axis: tuple | None,
             return (y,) if h is None else (y, h)
         x, kernel, bias, scale, *rest = args
         norm_bias, residual = (rest[0] if len(rest) == 2 else None), rest[-1]
-        h = sharding.split_pre_norm_sum(x, kernel, bias, residual, k_axis)
+        after = kwargs.get("residual_after", False)
+        h = sharding.split_pre_norm_sum(x, kernel, bias, None if after else residual, k_axis)
         stats = sharding.row_statistics(_kind(op), h, eps, n_axis)
         gain = 1.0 if scale is None else scale.astype(F32)
-        y = sharding.normalized(_kind(op), h, stats, gain, norm_bias).astype(x.dtype)
+        y = sharding.normalized(_kind(op), h, stats, gain, norm_bias)
+        y = (y + residual.astype(F32) if after else y).astype(x.dtype)
         return (y, h.astype(x.dtype)) if kwargs.get("pre_norm_sum", True) else (y,)
     if k_axis is None:
         outs = dispatch.call(op, static.impl, *args, **kwargs)
@@ -215,11 +217,12 @@ def _explicit_mesh(leaves: list) -> Any:
     return None
 
 
-def over_explicit_mesh(op: str, args: tuple,
-                       fn: Callable[[tuple, tuple | None], Any]) -> Any | None:
+def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None], Any], *,
+                       has_sum: bool | None = None) -> Any | None:
     """`fn(args, axis_name)` inside a shard_map over the Explicit mesh the args are sharded
     over (None when they are not): rows keep their sharding, kernels their columns, and a
-    sharded normalized row (K pre-norm, N post-norm) becomes `axis_name`."""
+    sharded normalized row (K pre-norm, N post-norm) becomes `axis_name`. `has_sum`: whether
+    a post-norm op returns its pre-norm sum (default: when it has a residual)."""
     leaves, treedef = jax.tree.flatten(args)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
@@ -234,7 +237,7 @@ def over_explicit_mesh(op: str, args: tuple,
     in_specs = [_spec(r, axes) for r in role_leaves]
     leaves = [jax.sharding.reshard(v, NamedSharding(mesh, spec))
               for v, spec in zip(leaves, in_specs)]
-    has_sum = post_norm and args[-1] is not None
+    has_sum = post_norm and (args[-1] is not None if has_sum is None else has_sum)
     out_roles = out_roles[:1] if post_norm and not has_sum else out_roles
     out_specs = tuple(_spec(r, axes) for r in out_roles)
 

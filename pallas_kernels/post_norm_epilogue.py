@@ -5,7 +5,12 @@
     store h (if asked for)                 `store_tile`      while the peers' partials arrive
     combine every party's partials         `row_statistics`
     y = Norm(h) * scale (+ norm_bias)      `normalize`
+    (y += residual, with residual_after)   `add_residual_after`
     store y                                `store_tile`
+
+With `residual_after` (Gemma 2/3's and OLMo 2's r + Norm(a @ W_o)) the residual tile
+arrives as it does before the norm (staged by TMA, or in registers) but is added to y
+after the gain, in float32, instead of to h.
 
 `epilogue` runs them in that order. Everything is float32 in the WGMMA layout until
 the stores cast to the output dtype. 256-wide warpgroup tiles take the epilogue's
@@ -45,6 +50,7 @@ class EpilogueRefs(NamedTuple):
     has_scale: bool
     has_norm_bias: bool
     has_residual: bool
+    residual_after: bool  # the residual is added to y after the norm, not to h
     whole_tiles: bool  # h and y leave through one staged tile (else 64 x 64 pieces)
     dtype: Any
     vec_names: list[str]  # epilogue vectors present, in `vec_smem` order
@@ -91,6 +97,14 @@ def vector_loader(e: EpilogueRefs, wg: jax.Array, rounds: jax.Array) -> Vector:
     return vector
 
 
+def _residual_tile(e: EpilogueRefs, io: Any, residual: jax.Array | None) -> jax.Array:
+    """The warpgroup's residual tile: already in registers, or waited for in `io`."""
+    if residual is not None:
+        return residual
+    plgpu.barrier_wait(e.io_barrier.at[lax.axis_index("wg")])
+    return plgpu.load(io, layout=LAYOUT)
+
+
 def pre_norm_sum(e: EpilogueRefs, acc: jax.Array, vector: Vector, io: Any,
                  residual: jax.Array | None) -> jax.Array:
     """acc + bias (+ the residual: in registers, or staged in `io`), float32."""
@@ -98,12 +112,18 @@ def pre_norm_sum(e: EpilogueRefs, acc: jax.Array, vector: Vector, io: Any,
     if e.has_bias:
         h = by_columns(e, lambda part, c: part + bcast(vector("bias", c, e.chunk),
                                                        part.shape, 1), h)
-    if e.has_residual:
-        if residual is None:
-            plgpu.barrier_wait(e.io_barrier.at[lax.axis_index("wg")])
-            residual = plgpu.load(io, layout=LAYOUT)
-        h = h + residual.astype(jnp.float32)
+    if e.has_residual and not e.residual_after:
+        h = h + _residual_tile(e, io, residual).astype(jnp.float32)
     return h
+
+
+def add_residual_after(e: EpilogueRefs, y: jax.Array, io: Any,
+                       residual: jax.Array | None) -> jax.Array:
+    """y + the residual (float32) with `residual_after`; h was not stored, so a staged
+    residual is still in `io`."""
+    if not (e.has_residual and e.residual_after):
+        return y
+    return y + _residual_tile(e, io, residual).astype(jnp.float32)
 
 
 def row_partials(e: EpilogueRefs, h: jax.Array) -> list[jax.Array]:
@@ -206,6 +226,6 @@ def epilogue(e: EpilogueRefs, acc: jax.Array, wg: jax.Array, cols: pl.Slice, io:
     if e.h_gmem is not None:
         piece = store_tile(e, h, io, e.h_gmem, rows, cols)
     gathered = e.exchange.collect(e.ex_scratch, e.stats_gmem, site)
-    y = normalize(e, h, gathered, vector)
+    y = add_residual_after(e, normalize(e, h, gathered, vector), io, residual)
     e.exchange.release(e.ex_scratch)
     store_tile(e, y, io, e.y_gmem, rows, cols, piece)

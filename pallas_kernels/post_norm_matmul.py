@@ -10,6 +10,9 @@ pre-norm sum h, reduces its [tile_m, tile_n] part of h to per-row partial
 statistics, and the partials (not the tiles) are all-gathered across the
 cluster (`row_stats`). Each warpgroup then normalizes its own tile in
 registers and writes y (`post_norm_epilogue`). HBM sees x and W once per row block, h and y once.
+With `residual_after` the residual is added to y after the gain instead
+(r + Norm(x @ W + b): Gemma 2/3's and OLMo 2's post-sublayer norms), read
+through the same staging tile or registers.
 
 Partials are those of `row_stats` (float32): RMSNorm a sum of squares;
 LayerNorm (shift, shifted mean, M2) with the warpgroup's own mean as shift,
@@ -66,6 +69,7 @@ def _kernel(
     has_scale: bool,
     has_norm_bias: bool,
     has_residual: bool,
+    residual_after: bool,
     store_h: bool,
     eps: float,
     config: PostNormConfig,
@@ -169,7 +173,7 @@ def _kernel(
         refs = EpilogueRefs(
             kind=kind, eps=eps, config=config, exchange=exchange, has_bias=has_bias,
             has_scale=has_scale, has_norm_bias=has_norm_bias, has_residual=has_residual,
-            whole_tiles=whole_tiles, dtype=dtype, vec_names=[name for _, name in vectors],
+            residual_after=residual_after, whole_tiles=whole_tiles, dtype=dtype, vec_names=[name for _, name in vectors],
             vec_smem=vec_smem, vec_copies=vec_copies, vec_barrier=vec_barrier,
             io_barrier=io_barrier, ex_scratch=ex_scratch, stats_gmem=stats_gmem,
             h_gmem=h_gmem, y_gmem=y_gmem, semaphores=semaphores)
@@ -239,6 +243,7 @@ def post_norm_matmul(
     eps: float,
     config: PostNormConfig,
     pre_norm_sum: bool = True,
+    residual_after: bool = False,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """(Norm(x @ w + bias [+ residual]) * scale [+ norm_bias], the pre-norm sum), both in x.dtype.
@@ -247,7 +252,10 @@ def post_norm_matmul(
     bias, scale, norm_bias are [N] vectors of any float dtype (norm_bias only
     for LayerNorm). With pre_norm_sum=False the sum is not written (None): a
     kernel cannot drop an unused output the way XLA does, and h is as many
-    bytes as y.
+    bytes as y. With `residual_after` the output is residual + Norm(x @ w + bias)
+    * scale [+ norm_bias] (Gemma 2/3, OLMo 2), the add in float32 before the one
+    rounding; it needs a residual and pre_norm_sum=False (the staged residual
+    tile is read after the norm, where h would have overwritten it).
     """
     m, k = x.shape
     k2, n = w.shape
@@ -258,6 +266,10 @@ def post_norm_matmul(
                          f"got {residual.shape} {residual.dtype}")
     if kind == "rms" and norm_bias is not None:
         raise ValueError("RMSNorm takes no norm_bias")
+    if residual_after and (residual is None or pre_norm_sum):
+        raise ValueError("residual_after needs a residual and pre_norm_sum=False; got "
+                         f"residual={'None' if residual is None else 'given'}, "
+                         f"pre_norm_sum={pre_norm_sum}")
     check_shape(m, k, n, config, kind, residual=residual is not None)
     num_blocks = m // config.cta_m
     if config.transport == "semaphore":
@@ -279,6 +291,7 @@ def post_norm_matmul(
         has_scale=scale is not None,
         has_norm_bias=norm_bias is not None,
         has_residual=residual is not None,
+        residual_after=residual_after,
         store_h=pre_norm_sum,
         eps=float(eps),
         config=config,

@@ -153,3 +153,31 @@ def test_semaphore_signals_fence_once_at_gpu_scope():
     assert f"-> tensor<{2 * config.grid_clusters}xi32>" in text
     # Partials move by plain stores and loads: no TMA round trip, so no proxy fence.
     assert "fence.proxy.async.global" not in text
+
+
+# Gemma-2-9B's attention output (K = 16 heads x 256, N = d = 3584) and OLMo-2's (4096, 4096).
+RESIDUAL_AFTER_SHAPES = [(4096, 4096, 3584), (4096, 4096, 4096)]
+
+
+@pytest.mark.parametrize("m, k, n", RESIDUAL_AFTER_SHAPES, ids=["gemma2-9b", "olmo2"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_post_norm_residual_after_lowers(m, k, n, kind):
+    """r + Norm(x @ W + b): the GPU's pick (the residual staged or in registers, no h)."""
+    config = pn.select_gpu_config(m, k, n, BF16, kind=kind, residual=True)
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config,
+                           pre_norm_sum=False, residual_after=True)
+    vec = S((n,), jnp.float32)
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None,
+           S((m, n), BF16))
+
+
+@pytest.mark.parametrize("m, k, n", RESIDUAL_AFTER_SHAPES, ids=["gemma2-9b", "olmo2"])
+def test_dense_rms_norm_residual_after_lowers_through_the_op(m, k, n):
+    """The public op with `residual_after=` and impl="mosaic" (Gemma's 1 + g gain)."""
+    import jaxnorm
+
+    def fn(x, w, g, r):
+        return jaxnorm.dense_rms_norm(x, w, None, g, scale_offset=1.0, residual_after=r,
+                                      impl="mosaic")
+
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), S((n,), jnp.float32), S((m, n), BF16))

@@ -180,6 +180,16 @@ def test_post_norm_op() -> None:
     assert (L.kernel_count(unfused), L.kernel_count(fused)) == (2, 1)
 
 
+def test_post_norm_with_the_residual_after() -> None:
+    # r + RMSNorm(x @ W + b) on the same 2 x 4 output: 8 more adds; fused, r [2, 4] read once
+    # by the epilogue (8 moves); unfused, a third kernel reads y and r and writes the sum (24).
+    unfused = L.gemm_norm_add_ops(2, 3, 4, fused=False)
+    fused = L.gemm_norm_add_ops(2, 3, 4, fused=True)
+    assert L.total_cost(unfused) == L.Cost(40 + 8 + 34 + 8, 26 + 4 + 20 + 24)
+    assert L.total_cost(fused) == L.Cost(40 + 8 + 34 + 8, 26 + 4 + 4 + 8)
+    assert (L.kernel_count(unfused), L.kernel_count(fused)) == (3, 1)
+
+
 def test_train_step_op() -> None:
     # m 2, k 3, N 4. Forward GEMM (40, 26), dxhat [2, 4] @ [4, 3] (2 * 3 * 7, 8 + 12 + 6),
     # norm backward (65, 24), dW [3, 2] @ [2, 4] (3 * 4 * 3, 6 + 8 + 12).

@@ -10,7 +10,7 @@ import pytest
 
 import jaxnorm
 from verify import references as ref
-from verify.checks import check_grad, check_op
+from verify.checks import check_grad, check_op, check_post_norm_outputs
 
 
 def test_checker_rejects_a_wrong_result(monkeypatch):
@@ -106,6 +106,45 @@ def test_post_norm_residual_returns_sum():
     np.testing.assert_allclose(np.asarray(h), x @ w + res, rtol=1e-5, atol=1e-5)
     assert check_op("dense_rms_norm", "xla", x=x, kernel=w, bias=None, scale=None,
                     residual=res) <= 1.0
+
+
+@pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
+def test_residual_after_adds_the_residual_after_the_norm(op):
+    """r + Norm(x @ W + b) (Gemma 2/3, OLMo 2): one output, values and gradients (dr = dy)
+    against float64; the before-the-norm form's output fails the same judge."""
+    rng = np.random.default_rng(11)
+    inputs = dict(x=_rng_rows(6, 32, seed=3), kernel=_rng_rows(32, 24, seed=4),
+                  bias=rng.standard_normal(24).astype(np.float32),
+                  scale=(0.1 * rng.standard_normal(24)).astype(np.float32), scale_offset=1.0,
+                  residual_after=_rng_rows(6, 24, seed=5))
+    if op == "dense_layer_norm":
+        inputs["norm_bias"] = rng.standard_normal(24).astype(np.float32)
+    assert check_op(op, "xla", **inputs) <= 1.0
+    assert check_grad(op, "xla", **inputs) <= 1.0
+    before = dict(inputs, residual=inputs.pop("residual_after"))
+    y_before = _output_with_residual_before(op, before)
+    with pytest.raises(AssertionError, match="y: error"):
+        check_post_norm_outputs(op.removeprefix("dense_").removesuffix("_norm"), y_before,
+                                None, **inputs, residual_after=before["residual"])
+
+
+def _output_with_residual_before(op: str, inputs: dict):
+    """y of Norm(x @ W + b + residual): the other form, which must not pass for this one."""
+    fn = getattr(jaxnorm, op)
+    vectors = [inputs.get("bias"), inputs.get("scale")]
+    if op == "dense_layer_norm":
+        vectors.append(inputs.get("norm_bias"))
+    y, _ = fn(inputs["x"], inputs["kernel"], *vectors, scale_offset=1.0,
+              residual=inputs["residual"], impl="xla")
+    return y
+
+
+def test_residual_and_residual_after_are_one_or_the_other():
+    x, w, r = _rng_rows(4, 8), _rng_rows(8, 6, seed=1), _rng_rows(4, 6, seed=2)
+    with pytest.raises(ValueError, match="not both"):
+        jaxnorm.dense_rms_norm(x, w, None, None, residual=r, residual_after=r)
+    with pytest.raises(ValueError, match=r"residual_after must have shape \(4, 6\)"):
+        jaxnorm.dense_layer_norm(x, w, None, None, None, residual_after=r[:, :5])
 
 
 @pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
@@ -210,3 +249,7 @@ def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faste
         reason = decline["dense_layer_norm"](s((m, 4096), bf16), s((4096, n), bf16), None, None,
                                              None, s((m, n), bf16), eps=1e-6)
         assert f"LayerNorm at M={m}, K=4096, N={n} with a residual" in reason
+    # The residual-after form (r + Norm(x @ W + b)) is unmeasured: declined, saying so.
+    for op, vectors in (("dense_rms_norm", 2), ("dense_layer_norm", 3)):
+        reason = decline[op](x, w, *(None,) * vectors, res, eps=1e-6, residual_after=True)
+        assert "residual-after form" in reason and "not yet measured" in reason

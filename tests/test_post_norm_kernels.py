@@ -1,4 +1,4 @@
-"""Post-norm GEMM (Norm(x @ W + b [+ residual])) under the Mosaic GPU interpreter, race-checked.
+"""Post-norm GEMM (Norm(x @ W + b [+ residual]), or r + Norm(x @ W + b)) under the Mosaic GPU interpreter, race-checked.
 
 Each CTA of a cluster computes part of the output row block; only per-row
 statistics cross CTAs (through global scratch here, DSMEM on the GPU). Sizes
@@ -21,7 +21,7 @@ import jaxnorm
 from jaxnorm.dispatch import Unsupported
 from pallas_kernels import hardware
 from pallas_kernels import post_norm_matmul as pn
-from verify.checks import check_op, check_post_norm_outputs
+from verify.checks import check_grad, check_op, check_post_norm_outputs
 from kernel_checks import assert_race_free
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -71,9 +71,11 @@ def test_gemma_offset_gain_reaches_the_kernel(rng):
 
 
 def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool = False,
-                   pre_norm_sum: bool = True, bias_mean: float = 0.0) -> None:
+                   pre_norm_sum: bool = True, bias_mean: float = 0.0,
+                   residual_after: bool = False) -> None:
     """Run the kernel directly (with `vectors`: bias, of mean `bias_mean`, and gain) and
-    check y and h (unless not asked for: then it must be None) against float64."""
+    check y and h (unless not asked for: then it must be None) against float64; with
+    `residual_after` the residual is added after the norm."""
     x = rng.standard_normal((m, k)).astype(BF16)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(BF16)
     r = rng.standard_normal((m, n)).astype(BF16) if residual else None
@@ -84,11 +86,12 @@ def _run_and_check(rng, kind, m, k, n, config, *, residual: bool, vectors: bool 
                                jnp.asarray(gain) if vectors else None, None,
                                None if r is None else jnp.asarray(r), kind=kind,
                                eps=1e-6, config=config, pre_norm_sum=pre_norm_sum,
-                               interpret=True)
+                               residual_after=residual_after, interpret=True)
     assert_race_free()
     assert (h is not None) == pre_norm_sum
-    inputs = dict(x=x, kernel=w, bias=bias, scale=gain if vectors else None, residual=r,
-                  eps=1e-6)
+    where = "residual_after" if residual_after else "residual"
+    inputs = dict(x=x, kernel=w, bias=bias, scale=gain if vectors else None, eps=1e-6,
+                  **{where: r})
     assert check_post_norm_outputs(kind, y, h, **inputs) <= 1.0
 
 
@@ -201,6 +204,53 @@ def test_residual_keeps_whole_staged_tiles_without_h(rng):
                                max_concurrent_steps=2, transport="global", grid_clusters=1)
     _run_and_check(rng, "rms", 128, 64, 256, config, residual=True, vectors=True,
                    pre_norm_sum=False)
+
+
+@pytest.mark.parametrize(
+    "kind, tile_n, in_registers, split_rows, chained",
+    [("rms", 64, False, False, False), ("layer", 64, True, False, True),
+     ("rms", 256, False, True, False), ("layer", 256, True, True, False)],
+    ids=["rms-staged", "layer-registers-chained", "rms-256-wide-staged-split",
+         "layer-256-wide-registers-split"],
+)
+def test_residual_after_is_added_to_y_after_the_gain(rng, kind, tile_n, in_registers,
+                                                     split_rows, chained):
+    """r + Norm(x @ W + b) * g (Gemma 2/3, OLMo 2): the residual tile arrives staged or in
+    registers as before the norm, but is added to y after the gain, over three row blocks;
+    judged against float64 (the before-the-norm form would fail the judge)."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=tile_n, cluster_n=2, tile_k=32,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1,
+                               chain_blocks=chained, residual_in_registers=in_registers,
+                               split_rows=split_rows)
+    rows = 3 * config.cta_m
+    _run_and_check(rng, kind, rows, 128, config.cta_n * 2, config, residual=True, vectors=True,
+                   pre_norm_sum=False, bias_mean=100.0 if kind == "layer" else 0.0,
+                   residual_after=True)
+
+
+def test_residual_after_refuses_a_pre_norm_sum(rng):
+    """The staged residual is read after the norm, where h would have overwritten it."""
+    x = jnp.asarray(rng.standard_normal((64, 64)).astype(BF16))
+    w = jnp.asarray(rng.standard_normal((64, 256)).astype(BF16))
+    r = jnp.asarray(rng.standard_normal((64, 256)).astype(BF16))
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=2, transport="global")
+    with pytest.raises(ValueError, match="residual_after needs a residual and pre_norm_sum"):
+        pn.post_norm_matmul(x, w, None, None, None, r, kind="rms", eps=1e-6, config=config,
+                            residual_after=True, interpret=True)
+
+
+@pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
+def test_residual_after_through_the_op_and_its_gradient(rng, op):
+    """`residual_after=` through the public op on the kernel (rows padded to 64), and its
+    gradient (forward on the kernel, d residual_after = dy), against float64."""
+    inputs = _inputs(rng, 50, 128, 256, BF16, residual=False,
+                     norm_bias=op == "dense_layer_norm")
+    inputs["residual_after"] = rng.standard_normal((50, 256)).astype(BF16)
+    inputs["scale_offset"] = 1.0
+    assert check_op(op, "interpret", **inputs) <= 1.0
+    assert_race_free()
+    assert check_grad(op, "interpret", **inputs) <= 1.0
+    assert_race_free()
 
 
 # ------------------------------------------------------------------- heuristics

@@ -261,3 +261,31 @@ def test_axis_name_errors():
         inside(lambda a: jaxnorm.rms_norm(a, axis_name=3))
     with pytest.raises(ValueError, match="x must be sharded over it"):
         inside(lambda a: jaxnorm.layer_norm(a, axis_name="model"), P("data", None))
+
+
+@pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
+def test_residual_after_column_parallel_matches_unsharded(op):
+    """r + Norm(x @ W + b) with the output's N split: values and gradients (dr = dy) of the
+    shards against the unsharded reference."""
+    inputs = make_inputs(op)
+    inputs["residual_after"] = inputs.pop("residual")
+    in_specs, out_spec, axis_name = specs(op, "column")
+    in_specs = {**in_specs, "residual_after": in_specs["residual"]}
+    diff = _differentiable(inputs)
+    diff_specs = _spec_tree(diff, in_specs)
+
+    def call(a):
+        vectors = [a["bias"], a["scale"]] + ([a["norm_bias"]] if op == "dense_layer_norm" else [])
+        return getattr(jaxnorm, op)(a["x"], a["kernel"], *vectors, eps=EPS,
+                                    residual_after=a["residual_after"], impl="xla",
+                                    axis_name=axis_name)
+
+    def local(a, dy):
+        out, vjp = jax.vjp(call, a)
+        return out, vjp(dy)[0]
+
+    dy = jnp.asarray(np.random.default_rng(1).standard_normal((M, N)), jnp.float32)
+    fn = jax.jit(jax.shard_map(local, mesh=mesh(), in_specs=(diff_specs, out_spec),
+                               out_specs=(out_spec, diff_specs)))
+    out, grads = fn(place(diff, diff_specs), place(dy, out_spec))
+    assert_matches_reference(op, inputs, out, grads, [dy])

@@ -81,7 +81,10 @@ def _dense_judged(name, x, normed, kernel, bias, outputs, statistics_terms=None)
 
 
 def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, eps,
-                      scale_offset=0.0):
+                      scale_offset=0.0, residual_after=None):
+    """y (and h, where returned) against float64; with `residual_after` y is
+    residual_after + Norm(h), whose tolerance is the norm's plus one rounding of the sum
+    (a kernel that adds in float32 rounds once; one that rounds the norm first, twice)."""
     x64, w64 = f64(x), f64(kernel)
     h64 = ref.pre_norm_sum(x64, w64, bias, residual)
     extra = (0.0 if bias is None else np.abs(f64(bias))) + (
@@ -99,6 +102,9 @@ def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, e
     nb = None if norm_bias is None else f64(norm_bias)
     t_y = tol.post_norm_tolerance(h_err, inv, g, xhat * g, y64, x.dtype, bias=nb)
     t_h = h_err + tol.unit_roundoff(x.dtype) * np.abs(h64) + tol.tiny(x.dtype)
+    if residual_after is not None:
+        y64 = y64 + f64(residual_after)
+        t_y = t_y + tol.unit_roundoff(x.dtype) * np.abs(y64) + tol.tiny(x.dtype)
     judged = [Judged("y", np.asarray(y), y64, t_y)]
     if h is not None:
         judged.append(Judged("h", np.asarray(h), h64, t_h))
@@ -112,7 +118,7 @@ def check_post_norm_outputs(kind: str, y, h, **inputs) -> float:
     judged = _post_norm_judged(kind, x, inputs["kernel"], inputs.get("bias"),
                                inputs.get("scale"), inputs.get("norm_bias"),
                                inputs.get("residual"), y, h, inputs.get("eps", 1e-6),
-                               inputs.get("scale_offset", 0.0))
+                               inputs.get("scale_offset", 0.0), inputs.get("residual_after"))
     return max(_ratio(j) for j in judged)
 
 
@@ -181,7 +187,9 @@ def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
         centred = tol.centred_terms(ref.layer_normalized(x, eps)) * np.abs(
             ref.gain(scale, offset, x.shape[-1])) + (0.0 if nb is None else np.abs(f64(nb)))
         return _dense_judged(op, x, normed, kernel, bias, out, statistics_terms=centred)
-    residual = inputs.get("residual")
+    residual, after = inputs.get("residual"), inputs.get("residual_after")
+    if after is not None:
+        return _residual_after_judged(op, impl, inputs)
     if op == "dense_rms_norm":
         y, h = jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=eps, scale_offset=offset,
                                       residual=_residual(residual, x, kernel), impl=impl)
@@ -195,6 +203,16 @@ def judge(op: str, impl: str | None, inputs: dict) -> list[Judged]:
         return _post_norm_judged("layer", x, kernel, bias, scale, nb, residual, y, h, eps,
                                  offset)
     raise ValueError(f"unknown op {op!r}; known: {OPS}")
+
+
+def _residual_after_judged(op: str, impl: str | None, inputs: dict) -> list[Judged]:
+    """residual_after + Norm(x @ W + b): one output, judged with `_post_norm_judged`."""
+    y = _op_function(op, impl, inputs)(inputs)
+    kind = "rms" if op == "dense_rms_norm" else "layer"
+    g = inputs.get
+    return _post_norm_judged(kind, np.asarray(g("x")), g("kernel"), g("bias"), g("scale"),
+                             g("norm_bias"), None, y, None, g("eps", 1e-6),
+                             g("scale_offset", 0.0), g("residual_after"))
 
 
 def _residual(residual, x, kernel):
@@ -216,8 +234,9 @@ _DIFFERENTIABLE = {
     "layer_norm": ("x", "scale", "bias"),
     "rms_norm_dense": ("x", "scale", "kernel", "bias"),
     "layer_norm_dense": ("x", "scale", "norm_bias", "kernel", "bias"),
-    "dense_rms_norm": ("x", "kernel", "bias", "scale", "residual"),
-    "dense_layer_norm": ("x", "kernel", "bias", "scale", "norm_bias", "residual"),
+    "dense_rms_norm": ("x", "kernel", "bias", "scale", "residual", "residual_after"),
+    "dense_layer_norm": ("x", "kernel", "bias", "scale", "norm_bias", "residual",
+                         "residual_after"),
 }
 
 
@@ -236,10 +255,11 @@ def _op_function(op: str, impl: str | None, inputs: dict) -> Callable:
             scale_offset=offset, impl=impl),
         "dense_rms_norm": lambda a: jaxnorm.dense_rms_norm(
             a["x"], a["kernel"], a.get("bias"), a.get("scale"), eps=eps, scale_offset=offset,
-            residual=a.get("residual"), impl=impl),
+            residual=a.get("residual"), residual_after=a.get("residual_after"), impl=impl),
         "dense_layer_norm": lambda a: jaxnorm.dense_layer_norm(
             a["x"], a["kernel"], a.get("bias"), a.get("scale"), a.get("norm_bias"), eps=eps,
-            scale_offset=offset, residual=a.get("residual"), impl=impl),
+            scale_offset=offset, residual=a.get("residual"),
+            residual_after=a.get("residual_after"), impl=impl),
     }
     return fns[op]
 
@@ -259,7 +279,8 @@ def _reference_grads(op: str, inputs: dict, dy: np.ndarray, magnitude: bool) -> 
     kind = "rms" if op == "dense_rms_norm" else "layer"
     return gradients.dense_norm_vjp(kind, g("x"), g("kernel"), g("bias"), g("scale"),
                                     g("norm_bias"), dy, eps=eps, scale_offset=offset,
-                                    residual=g("residual"), magnitude=magnitude)
+                                    residual=g("residual"), residual_after=g("residual_after"),
+                                    magnitude=magnitude)
 
 
 def _combined_reference_grads(op: str, inputs: dict, dys: list, magnitude: bool) -> dict:

@@ -82,8 +82,10 @@ def norm_dense_vjp(kind: str, x, scale, norm_bias, kernel, bias, dy, *, eps: flo
 
 
 def dense_norm_vjp(kind: str, x, kernel, bias, scale, norm_bias, dy, *, eps: float,
-                   scale_offset: float = 0.0, residual=None, magnitude: bool = False) -> dict:
-    """Gradients of a post-norm op Norm(x @ W + b [+ residual]) against cotangent dy."""
+                   scale_offset: float = 0.0, residual=None, residual_after=None,
+                   magnitude: bool = False) -> dict:
+    """Gradients of a post-norm op Norm(x @ W + b [+ residual]) [+ residual_after] against
+    cotangent dy (d residual_after = dy)."""
     x, w, dy = f64(x), f64(kernel), f64(dy)
     h = ref.pre_norm_sum(x, w, bias, residual)
     dh_grads = norm_vjp(kind, h, scale, norm_bias, dy, eps=eps, scale_offset=scale_offset,
@@ -96,6 +98,7 @@ def dense_norm_vjp(kind: str, x, kernel, bias, scale, norm_bias, dy, *, eps: flo
         "bias": None if bias is None else np.sum(dh.reshape(-1, n), axis=0),
         "scale": dh_grads["scale"],
         "residual": None if residual is None else dh,
+        "residual_after": None if residual_after is None else (np.abs(dy) if magnitude else dy),
     }
     if kind == "layer":
         grads["norm_bias"] = dh_grads["bias"]

@@ -141,14 +141,20 @@ def pre_norm_sum(x, kernel, bias=None, residual=None) -> np.ndarray:
     return h
 
 
-def dense_rms_norm(x, kernel, bias, scale, *, eps: float = 1e-6, residual=None):
-    """(RMSNorm(x @ W + b [+ residual]; g), pre-norm sum)."""
+def _plus(y: np.ndarray, residual_after) -> np.ndarray:
+    return y if residual_after is None else y + f64(residual_after)
+
+
+def dense_rms_norm(x, kernel, bias, scale, *, eps: float = 1e-6, residual=None,
+                   residual_after=None):
+    """(RMSNorm(x @ W + b [+ residual]; g) [+ residual_after], pre-norm sum)."""
     h = pre_norm_sum(x, kernel, bias, residual)
-    return rms_normalized(h, eps) * gain(scale, 0.0, h.shape[-1]), h
+    return _plus(rms_normalized(h, eps) * gain(scale, 0.0, h.shape[-1]), residual_after), h
 
 
-def dense_layer_norm(x, kernel, bias, scale, norm_bias, *, eps: float = 1e-6, residual=None):
+def dense_layer_norm(x, kernel, bias, scale, norm_bias, *, eps: float = 1e-6, residual=None,
+                     residual_after=None):
     h = pre_norm_sum(x, kernel, bias, residual)
     y = layer_normalized(h, eps) * gain(scale, 0.0, h.shape[-1])
-    return (y if norm_bias is None else y + f64(norm_bias)), h
+    return _plus(y if norm_bias is None else y + f64(norm_bias), residual_after), h
 

@@ -107,8 +107,10 @@ def op_inputs(draw, op: str, dtype: np.dtype | None = None, max_k: int = 8192,
         inputs["scale"] = gains(rng, n, offset) if draw(st.booleans()) else None
         if op == "dense_layer_norm" and draw(st.booleans()):
             inputs["norm_bias"] = rng.standard_normal(n).astype(np.float32)
-        if draw(st.booleans()):
-            inputs["residual"] = rng.standard_normal((*x.shape[:-1], n)).astype(dtype)
+        # A residual added before the norm, after it (Gemma 2/3, OLMo 2), or none.
+        where = draw(st.sampled_from([None, "residual", "residual_after"]))
+        if where is not None:
+            inputs[where] = rng.standard_normal((*x.shape[:-1], n)).astype(dtype)
     return inputs
 
 

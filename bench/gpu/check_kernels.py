@@ -71,9 +71,10 @@ def _draw(rng: np.random.Generator, shape, dtype, scale: float = 1.0, shift: flo
     return np.asarray(jnp.asarray(shift + scale * rng.standard_normal(shape), dtype))
 
 
-def _op_inputs(rng, op: str, m: int, k: int, n: int, dtype, *, residual: bool,
+def _op_inputs(rng, op: str, m: int, k: int, n: int, dtype, *, residual: bool | str,
                mean: float = 0.0) -> dict[str, Any]:
-    """Fresh random inputs of `op` as verify's checks take them."""
+    """Fresh random inputs of `op` as verify's checks take them; residual="after" draws
+    the post-norm ops' `residual_after` (added after the norm)."""
     inputs: dict[str, Any] = dict(x=_draw(rng, (m, k), dtype, shift=mean), eps=1e-6)
     if op in ("rms_norm", "layer_norm"):
         inputs["scale"] = _draw(rng, (k,), F32, 0.2, 1.0)
@@ -94,7 +95,8 @@ def _op_inputs(rng, op: str, m: int, k: int, n: int, dtype, *, residual: bool,
     if op == "dense_layer_norm":
         inputs["norm_bias"] = _draw(rng, (n,), F32)
     if residual:
-        inputs["residual"] = _draw(rng, (m, n), dtype)
+        inputs["residual_after" if residual == "after" else "residual"] = _draw(rng, (m, n),
+                                                                                dtype)
     return inputs
 
 
@@ -115,13 +117,17 @@ def _run_op(op: str, inputs: dict[str, Any]):
                                         inputs["bias"], eps=eps, impl=IMPL)
     fn = jaxnorm.dense_rms_norm if op == "dense_rms_norm" else jaxnorm.dense_layer_norm
     vectors = (inputs["bias"], scale) + ((inputs["norm_bias"],) if "norm_bias" in inputs else ())
+    if inputs.get("residual_after") is not None:  # r + Norm(x @ W + b): y alone
+        return fn(x, inputs["kernel"], *vectors, residual_after=inputs["residual_after"],
+                  eps=eps, impl=IMPL), None
     if inputs.get("residual") is None:  # y alone: the kernel writes no h
         return fn(x, inputs["kernel"], *vectors, eps=eps, impl=IMPL), None
     return fn(x, inputs["kernel"], *vectors, residual=inputs["residual"], eps=eps, impl=IMPL)
 
 
 # (op, full size, smoke size, dtype, residual, row mean): the backends' picks at the sizes
-# models use, clusters and grid groups of every width, padded rows, f16, large means.
+# models use, clusters and grid groups of every width, padded rows, f16, large means;
+# residual "after" is r + Norm(x @ W + b) at Gemma-2-9B's (N = 3584) and OLMo-2's shapes.
 OP_CASES = [
     ("rms_norm", (8192, 4096, 0), (64, 1024, 0), BF16, False, 0.0),
     ("rms_norm", (16, 8192, 0), (4, 2048, 0), BF16, False, 0.0),
@@ -141,6 +147,9 @@ OP_CASES = [
     ("dense_rms_norm", (200, 2048, 3072), (50, 128, 256), F16, True, 0.0),
     ("dense_layer_norm", (8192, 4096, 2048), (128, 128, 512), BF16, True, 100.0),
     ("dense_layer_norm", (2048, 512, 1024), (64, 64, 256), BF16, False, 0.0),
+    ("dense_rms_norm", (4096, 4096, 3584), (50, 128, 512), BF16, "after", 0.0),
+    ("dense_rms_norm", (4096, 4096, 4096), (128, 128, 256), BF16, "after", 0.0),
+    ("dense_layer_norm", (4096, 4096, 2048), (64, 64, 256), BF16, "after", 100.0),
 ]
 
 
@@ -149,7 +158,8 @@ def op_cases() -> list[tuple[str, str, Callable[[], str]]]:
     for i, (op, full, smoke, dtype, residual, mean) in enumerate(OP_CASES):
         m, k, n = _size(full, smoke)
         label = (f"{op} {m}x{k}{f'x{n}' if n else ''} {jnp.dtype(dtype).name}"
-                 f"{' +res' if residual else ''}{f' mean={mean:g}' if mean else ''}")
+                 f"{' +res' if residual else ''}{' after' if residual == 'after' else ''}"
+                 f"{f' mean={mean:g}' if mean else ''}")
 
         def correct(op=op, m=m, k=k, n=n, dtype=dtype, residual=residual, mean=mean, i=i):
             inputs = _op_inputs(np.random.default_rng(i), op, m, k, n, dtype,

@@ -128,6 +128,14 @@ def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array |
     return h
 
 
+def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
+                       residual_after: bool, pre_norm_sum: bool) -> tuple[Array, Array | None]:
+    """(y [+ the residual added after the norm, in float32], h or None) in x.dtype."""
+    if residual_after:
+        y = y + residual.astype(jnp.float32)
+    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
+
+
 @register("dense_rms_norm", "xla")
 def dense_rms_norm(
     x: Array,
@@ -138,12 +146,14 @@ def dense_rms_norm(
     *,
     eps: float,
     pre_norm_sum: bool = True,
+    residual_after: bool = False,
 ) -> tuple[Array, Array | None]:
     """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum with the
-    residual kept in float32 until the end."""
-    h = _pre_norm_sum(x, kernel, bias, residual)
+    residual kept in float32 until the end; with `residual_after`, (residual +
+    RMSNorm(x @ W + b), h or None), the add in float32 too."""
+    h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
-    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
+    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum)
 
 
 @register("dense_layer_norm", "xla")
@@ -157,13 +167,15 @@ def dense_layer_norm(
     *,
     eps: float,
     pre_norm_sum: bool = True,
+    residual_after: bool = False,
 ) -> tuple[Array, Array | None]:
-    h = _pre_norm_sum(x, kernel, bias, residual)
+    h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     centered, inv_std = statistics.centered_and_inverse_std(h, eps)
     y = centered * inv_std[:, None] * _gain(scale, 0.0)
     if norm_bias is not None:
         y = y + norm_bias.astype(jnp.float32)
-    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
+    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum)
+
 
 
 @register("residual_dense", "xla")

@@ -29,7 +29,8 @@ from safetensors.numpy import save_file
 
 from jaxnorm.models.config import ModelConfig
 from jaxnorm.models.folded import params_of
-from jaxnorm.models.hf_config import CheckpointError, from_hf_config, to_hf_config
+from jaxnorm.models.hf_config import (HF_NORM_CONVENTIONS, CheckpointError, from_hf_config,
+                                      to_hf_config)
 from jaxnorm.models.transformer import Transformer
 
 Path_ = tuple[str, ...]
@@ -136,13 +137,15 @@ def _abstract(cfg: ModelConfig) -> tuple[Transformer, nnx.State, dict]:
 
 
 def from_pretrained(path: str | Path, *, fused: bool = True, impl: str | None = None,
-                    dtype=None, param_dtype=None) -> Transformer:
+                    dtype=None, param_dtype=None, norm_convention: str = "flax") -> Transformer:
     """The model stored in a transformers directory (config.json + safetensors).
 
     `fused=False` builds the same network on stock Flax layers. `param_dtype`
     (default: the stored embedding's dtype) is what the tensors are cast to, so
     a bf16 checkpoint loads into float32 parameters with param_dtype=jnp.float32;
-    `dtype` is the computation dtype (None: Flax promotion). Raises
+    `dtype` is the computation dtype (None: Flax promotion). `norm_convention`
+    ("flax", "hf_llama", "gemma", or "hf": the family's transformers rounding,
+    `HF_NORM_CONVENTIONS`) is `ModelConfig.norm_convention`. Raises
     `CheckpointError` for an unknown model_type, an option not implemented, a
     missing, unexpected or misshapen tensor.
     """
@@ -152,6 +155,9 @@ def from_pretrained(path: str | Path, *, fused: bool = True, impl: str | None = 
         raise CheckpointError(f"{path}: no config.json")
     hf_cfg = json.loads(config_file.read_text())
     cfg = from_hf_config(hf_cfg)
+    if norm_convention == "hf":
+        norm_convention = HF_NORM_CONVENTIONS[hf_cfg["model_type"]]
+    cfg = cfg.replace(norm_convention=norm_convention)  # checked before any tensor is read
     files = _tensor_files(path)
     names = hf_names(cfg)
     missing = sorted(name for name, _ in names.values() if name not in files)

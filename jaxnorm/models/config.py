@@ -11,6 +11,8 @@ checkpoint's config maps onto them one by one (`jaxnorm.models.hf_config`):
     position            rope_theta, rope_scaling, local_rope_theta (sliding layers' base)
     embeddings, head    embed_scale (sqrt(d) on the input), tied_embeddings, final_softcap
     activation          "silu" (SwiGLU), "gelu_tanh" (GeGLU), "gelu"
+    numerics            norm_convention: where standalone RMSNorms round in 16-bit dtypes
+                        ("flax", "hf_llama", "gemma": `jaxnorm.conventions`)
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+
+from jaxnorm.conventions import CONVENTIONS
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 LAYER_TYPES = ("full", "sliding")
@@ -88,6 +92,10 @@ class ModelConfig:
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     sliding_window: int | None = None  # a sliding layer's query at q sees q - W < k <= q
     layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding"; empty: all full
+    # How the standalone RMSNorms (QK-norm, a tied head's norm; every norm with fused=False)
+    # round 16-bit inputs: "flax" (promote), "hf_llama" (cast before the gain), "gemma"
+    # (cast after). The fused projections round once after the gain, as "gemma" does.
+    norm_convention: str = "flax"
     fused: bool = True
     folded: bool = False
     impl: str | None = None
@@ -101,7 +109,8 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE; got {self.head_dim}")
         for name, value, allowed in (("activation", self.activation, ACTIVATIONS),
-                                     ("qk_norm_over", self.qk_norm_over, QK_NORM_OVER)):
+                                     ("qk_norm_over", self.qk_norm_over, QK_NORM_OVER),
+                                     ("norm_convention", self.norm_convention, CONVENTIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
         if self.layer_types:

@@ -23,6 +23,11 @@ _SLIDING = ("gemma2", "gemma3_text")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "gelu": "gelu"}
 _DEFAULT_THETA = {"gemma3_text": 1_000_000.0}
+# How each family's RMSNorm rounds in transformers (`jaxnorm.conventions`): Llama's and the
+# Qwens' cast to the input dtype before the gain; Gemma's and OLMo 2's after it.
+HF_NORM_CONVENTIONS = {"llama": "hf_llama", "qwen2": "hf_llama", "qwen3": "hf_llama",
+                       "gemma": "gemma", "gemma2": "gemma", "gemma3_text": "gemma",
+                       "olmo2": "gemma"}
 
 
 class CheckpointError(ValueError):

@@ -27,17 +27,22 @@ Array = jax.Array
 
 
 class OffsetRMSNorm(nnx.RMSNorm):
-    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (offset + scale)."""
+    """The stock-Flax way to write Gemma's norm: nnx.RMSNorm with gain (offset + scale),
+    rounding as `convention` says (`jaxnorm.conventions`: HF Llama casts before the gain)."""
 
-    def __init__(self, num_features: int, *, offset: float, **kw):
+    def __init__(self, num_features: int, *, offset: float, convention: str = "flax", **kw):
         super().__init__(num_features, **kw)
         self.offset = offset
+        self.convention = convention
 
     def __call__(self, x: Array) -> Array:
         scale = None if self.scale is None else self.scale[...]
-        x, scale = promote_dtype((x, scale), dtype=self.dtype)
+        if self.convention == "flax" or self.dtype is not None:
+            x, scale = promote_dtype((x, scale), dtype=self.dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+        if scale is not None and self.convention == "hf_llama":
+            return y.astype(x.dtype) * (scale + jnp.asarray(self.offset, scale.dtype))
         if scale is not None:
             y = y * (self.offset + scale.astype(jnp.float32))
         return y.astype(x.dtype)
@@ -72,9 +77,11 @@ def rms_norm(cfg: ModelConfig, features: int, *, use_scale: bool = True,
     kw = dict(epsilon=cfg.eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_scale=use_scale,
               scale_init=_scale_init(cfg), rngs=rngs)
     if cfg.fused:
-        return jnnx.RMSNorm(features, scale_offset=cfg.scale_offset, impl=cfg.impl, **kw)
-    if cfg.norm_offset:
-        return OffsetRMSNorm(features, offset=cfg.norm_offset, **kw)
+        return jnnx.RMSNorm(features, scale_offset=cfg.scale_offset,
+                            convention=cfg.norm_convention, impl=cfg.impl, **kw)
+    if cfg.norm_offset or cfg.norm_convention != "flax":
+        return OffsetRMSNorm(features, offset=cfg.norm_offset, convention=cfg.norm_convention,
+                             **kw)
     return nnx.RMSNorm(features, **kw)
 
 
@@ -114,16 +121,20 @@ def project_add(cfg: ModelConfig, proj: nnx.Linear, x: Array,
     return jaxnorm.residual_dense(x, kernel, residual, bias, impl=cfg.impl)
 
 
-def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array) -> Array:
-    """norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), added to the residual by
-    the caller. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm`."""
+def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array,
+                      residual: Array | None = None) -> Array:
+    """[residual +] norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), then the
+    residual add. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm` with
+    `residual_after=` (the add in its epilogue)."""
     if not cfg.fused:
-        return norm(proj(x))
+        y = norm(proj(x))
+        return y if residual is None else residual + y
     bias = None if proj.bias is None else proj.bias[...]
-    x, kernel, bias, scale = promote_dtype((x, proj.kernel[...], bias, norm.scale[...]),
-                                           dtype=cfg.dtype)
+    x, kernel, bias, scale, residual = promote_dtype(
+        (x, proj.kernel[...], bias, norm.scale[...], residual), dtype=cfg.dtype)
     return jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=cfg.eps,
-                                  scale_offset=cfg.scale_offset, impl=cfg.impl)
+                                  scale_offset=cfg.scale_offset, residual_after=residual,
+                                  impl=cfg.impl)
 
 
 def tied_logits(norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:
@@ -165,7 +176,7 @@ def softcap(x: Array, cap: float | None) -> Array:
 
 def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | None = None,
            cap: float | None = None, window: int | None = None,
-           pad: Array | None = None) -> Array:
+           pad: Array | None = None, reference: bool = False) -> Array:
     """Causal grouped-query attention: q [B, T, H, D] over k, v [B, S, KV, D].
 
     Key j sits at slot j, so a query at slot p sees keys 0..p (p - window < j
@@ -173,22 +184,40 @@ def attend(q: Array, k: Array, v: Array, q_positions: Array, *, scalar: float | 
     slot and stay masked. Row b's first pad[b] slots are left padding, seen by no real
     query (a padding query sees itself, so no row is empty). Scores are scaled by
     scalar^-1/2 (default D), then soft-capped by `cap`, then masked.
+
+    Without a soft-cap (which it has no place for) this is `jax.nn.dot_product_attention`
+    with the mask above and implementation=None: JAX's pick (XLA in jax 0.11, cuDNN's flash
+    attention where JAX selects it); soft-capped scores, mixed dtypes and `reference=True`
+    take the reference einsum path (docs/guide.md, attention).
     """
     b, t, h, d = q.shape
+    visible = _visible(q_positions, k.shape[1], window, pad)  # [B or 1, 1, T, S]
+    scale = 1.0 / np.sqrt(d if scalar is None else scalar)
+    if cap is None and not reference and q.dtype == k.dtype == v.dtype:
+        out = jax.nn.dot_product_attention(q, k, v, mask=visible, scale=float(scale),
+                                           implementation=None)
+        return out.reshape(b, t, h * d)
     kv = k.shape[2]
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = softcap(scores / jnp.sqrt(jnp.float32(d if scalar is None else scalar)), cap)
-    keys = jnp.arange(k.shape[1])[None, :]
+    probs = jax.nn.softmax(jnp.where(visible[:, :, None], scores, -jnp.inf), axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
+    return out.reshape(b, t, h * d)
+
+
+def _visible(q_positions: Array, num_keys: int, window: int | None,
+             pad: Array | None) -> Array:
+    """Which keys each query sees (see `attend`), [B, 1, T, S] with `pad`, else [1, 1, T, S]."""
+    keys = jnp.arange(num_keys)[None, :]
     visible = keys <= q_positions[:, None]  # [T, S]
     if window is not None:
         visible = visible & (keys > q_positions[:, None] - window)
-    if pad is not None:  # [B, 1, 1, T, S] against the scores' [B, KV, G, T, S]
-        real = (keys >= pad[:, None])[:, None, :] | (keys == q_positions[:, None])[None]
-        visible = (visible[None] & real)[:, None, None]
-    probs = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v)
-    return out.reshape(b, t, h * d)
+    visible = visible[None, None]
+    if pad is not None:
+        real = (keys >= pad[:, None])[:, None, None, :] | (keys == q_positions[:, None])[None, None]
+        visible = visible & real
+    return visible
 
 
 def activation(cfg: ModelConfig, x: Array) -> Array:

@@ -55,8 +55,12 @@ class Attention(nnx.Module):
             self.o_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
 
     def __call__(self, q: Array, k: Array, v: Array, slots: Array,
-                 cache: tuple[Array, Array] | None,
-                 pad: Array | None = None) -> tuple[Array, tuple[Array, Array] | None]:
+                 cache: tuple[Array, Array] | None, pad: Array | None = None,
+                 residual: Array | None = None
+                 ) -> tuple[Array, RowStats | None, tuple[Array, Array] | None]:
+        """(the attention output plus `residual` when given, the sum's row statistics where
+        the fused residual GEMM wrote them, the cache). With post_norms the add is part of
+        the output norm's post-norm op."""
         cfg = self.cfg
         sliding = cfg.is_sliding(self.layer)
         b, t, _ = q.shape
@@ -80,8 +84,11 @@ class Attention(nnx.Module):
                               cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
                               pad=pad)
         if cfg.post_norms:
-            return layers.project_then_norm(cfg, self.o, self.o_norm, heads), cache
-        return heads, cache
+            return layers.project_then_norm(cfg, self.o, self.o_norm, heads, residual), None, cache
+        if residual is None:
+            return self.o(heads), None, cache
+        out, stats = layers.project_add(cfg, self.o, heads, residual)
+        return out, stats, cache
 
 
 class Block(nnx.Module):
@@ -118,15 +125,11 @@ class Block(nnx.Module):
         `stats`: the input's statistics from the previous block's down-projection."""
         cfg = self.cfg
         q, k, v = self._qkv(x, stats)
-        attn, cache = self.attn(q, k, v, slots, cache, pad)
-        if cfg.post_norms:
-            x, stats = x + attn, None
-        else:
-            x, stats = layers.project_add(cfg, self.attn.o, attn, x)
+        x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x)
         gate, up = self.mlp_in(x, statistics=stats) if stats is not None else self.mlp_in(x)
         h = layers.activation(cfg, gate) * up
         if cfg.post_norms:
-            return x + layers.project_then_norm(cfg, self.down, self.down_norm, h), cache, None
+            return layers.project_then_norm(cfg, self.down, self.down_norm, h, x), cache, None
         x, stats = layers.project_add(cfg, self.down, h, x)
         return x, cache, stats
 
