@@ -2,7 +2,8 @@
 
 Functional ops (x is [..., K]; output dtype follows x; float32 statistics):
 `rms_norm`, `layer_norm`, `rms_norm_dense`, `layer_norm_dense` (pre-norm),
-`dense_rms_norm`, `dense_layer_norm` (post-norm). `jaxnorm.fold` folds norm
+`dense_rms_norm`, `dense_layer_norm` (post-norm); `rms_norm_gated_dense` (a gated MLP's
+input: act(gate) * up from one norm and two kernels). `jaxnorm.fold` folds norm
 gains into the weights they feed; `jaxnorm.flashify` does it for a whole
 parameter tree. `impl` picks the implementation: None
 (automatic), "xla", "mosaic" or "interpret".
@@ -10,6 +11,7 @@ parameter tree. `impl` picks the implementation: None
 
 from jaxnorm import flashify, fold
 from jaxnorm.dispatch import Unsupported, fallback_reasons
+from jaxnorm.gated import rms_norm_gated_dense
 from jaxnorm.ops import (
     dense_layer_norm,
     dense_rms_norm,
@@ -30,4 +32,5 @@ __all__ = [
     "layer_norm_dense",
     "rms_norm",
     "rms_norm_dense",
+    "rms_norm_gated_dense",
 ]
