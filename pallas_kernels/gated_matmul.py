@@ -1,4 +1,4 @@
-"""Gated MLP input on Hopper: act(RMSNorm(x) @ W_gate + b_g) * (RMSNorm(x) @ W_up + b_u) in one GEMM.
+"""Gated MLP input on Hopper: act(RMSNorm(x) @ W_gate + b_g) * (RMSNorm(x) @ W_up + b_u), one GEMM.
 
 The warp-specialized persistent structure of `pallas_kernels.gemm_kernel`, with a
 second weight streamed beside the first:

@@ -1,4 +1,4 @@
-"""Float64 reference, error model and checks of the gated MLP input (`jaxnorm.rms_norm_gated_dense`).
+"""Float64 reference, error model and checks of the gated MLP input (rms_norm_gated_dense).
 
     y = act(g) * u,   g = RMSNorm(x; scale) @ W_gate + b_g,   u = RMSNorm(x; scale) @ W_up + b_u
 
