@@ -12,34 +12,26 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen.dtypes import canonicalize_dtype
-from flax.typing import Dtype, Initializer
 
 from jaxnorm import gated
-from jaxnorm.linen import _DenseParams, _NormParams
+from jaxnorm.linen import _DenseParams, _NormDense, _NormParams
 
 Array = jax.Array
 
 
-class RMSNormGatedMLP(nn.Module):
+class RMSNormGatedMLP(_NormDense):
     """act(RMSNorm(x) @ gate/kernel + gate/bias) * (RMSNorm(x) @ up/kernel + up/bias).
+
+    Fields as `jaxnorm.linen.RMSNormDense` (`features` is d_ff), biases off by default.
 
     >>> mlp_in = RMSNormGatedMLP(256)
     >>> params = mlp_in.init(jax.random.key(0), jnp.ones((2, 64)))
     >>> h = mlp_in.apply(params, jnp.ones((2, 64)))  # [2, 256]
     """
 
-    features: int  # d_ff
-    activation: str = "silu"
+    kind = "rms"
     use_bias: bool = False
-    epsilon: float = 1e-6
-    dtype: Dtype | None = None
-    param_dtype: Dtype = jnp.float32
-    use_scale: bool = True
-    scale_offset: float = 0.0
-    scale_init: Initializer = nn.initializers.ones
-    kernel_init: Initializer = nn.initializers.lecun_normal()
-    bias_init: Initializer = nn.initializers.zeros_init()
-    impl: str | None = None
+    activation: str = "silu"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
