@@ -43,16 +43,20 @@ def test_nnx_layer_refuses_an_unknown_activation():
         nnx_gated.RMSNormGatedMLP(64, 64, activation="relu", rngs=nnx.Rngs(0))
 
 
-def test_linen_layer_has_the_projections_tree(rng):
+@pytest.mark.parametrize("use_bias, activation", [(False, "silu"), (True, "gelu")])
+def test_linen_layer_has_the_projections_tree(use_bias, activation, rng):
     x = jnp.asarray(rng.standard_normal((3, 64)), BF16)
-    layer = linen_gated.RMSNormGatedMLP(128, dtype=BF16)
+    layer = linen_gated.RMSNormGatedMLP(128, activation=activation, use_bias=use_bias,
+                                        dtype=BF16, bias_init=nnx.initializers.normal(1.0))
     params = layer.init(jax.random.key(0), x)
-    stock = jl.RMSNormProjections({"gate": 128, "up": 128}, use_bias=False).init(
+    stock = jl.RMSNormProjections({"gate": 128, "up": 128}, use_bias=use_bias).init(
         jax.random.key(0), x)
     assert jax.tree.structure(params) == jax.tree.structure(stock)
     assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, stock)
     y = layer.apply(params, x)
     assert y.shape == (3, 128) and y.dtype == BF16
     p = params["params"]
-    w = {name: jnp.asarray(p[name]["kernel"], BF16) for name in ("gate", "up")}
-    assert vg.check_gated(y, x, p["norm"]["scale"], w["gate"], w["up"]) <= 1.0
+    cast = {name: {k: jnp.asarray(v, BF16) for k, v in p[name].items()} for name in ("gate", "up")}
+    biases = (cast["gate"]["bias"], cast["up"]["bias"]) if use_bias else (None, None)
+    assert vg.check_gated(y, x, p["norm"]["scale"], cast["gate"]["kernel"],
+                          cast["up"]["kernel"], *biases, activation_name=activation) <= 1.0
