@@ -208,3 +208,27 @@ def test_rope_keeps_the_row_scale(m, half, seed, max_position):
     err = identities.rope_norm(_draw(seed, m, 2 * half), positions, _draw(seed + 1, 2 * half),
                                1e-6)
     assert err < FLOAT64_LEVEL * 2 * half * 10  # sin/cos of large angles round at ~1e-16 too
+
+
+@given(shapes, seeds, st.sampled_from(["silu", "gelu_tanh", "gelu"]))
+def test_gated_epilogue(shape, seed, activation):
+    m, k, n = shape
+    err = identities.gated_epilogue(_draw(seed, m, k), _draw(seed + 1, k), _draw(seed + 2, k, n),
+                                    _draw(seed + 3, k, n), _draw(seed + 4, n), _draw(seed + 5, n),
+                                    1e-6, activation)
+    assert err < FLOAT64_LEVEL * k * 10  # act and the product add a few roundings of their own
+
+
+def test_anchor_gated_epilogue():
+    """x = [3, 4]: r = 1/sqrt(12.5 + eps); one column of ones in Wg and Wu, g = 1, b = 0:
+    gate = up = 7 r = 1.9799, silu(gate) * up = gate^2 sigmoid(gate) = 3.9200 * 0.8787 = 3.4444."""
+    x, ones = np.array([[3.0, 4.0]]), np.ones((2, 1))
+    gate = 7.0 / np.sqrt(12.5)
+    expected = gate * gate / (1.0 + np.exp(-gate))
+    assert abs(expected - 3.4444) < 1e-4
+    assert identities.gated_epilogue(x, np.ones(2), ones, ones, np.zeros(1), np.zeros(1), 0.0,
+                                     "silu") < FLOAT64_LEVEL
+    from verify import gated
+
+    np.testing.assert_allclose(gated.rms_norm_gated_dense(x, None, ones, ones, eps=0.0),
+                               [[expected]], rtol=1e-14)

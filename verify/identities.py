@@ -201,3 +201,21 @@ def rope_norm(q: np.ndarray, positions: np.ndarray, g: np.ndarray, eps: float) -
     scale_after = _rel(rope(ref.rms_norm(q, g, eps=eps), positions),
                        ref.rms_inverse(rotated, eps) * rope(q * g, positions))
     return max(norms, scale_after)
+
+
+def gated_epilogue(x: np.ndarray, g: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray,
+                   b_gate: np.ndarray, b_up: np.ndarray, eps: float, activation: str) -> float:
+    """8. act(RMSNorm(X; g) Wg + bg) * (RMSNorm(X; g) Wu + bu)
+         = act(diag(r) (X Wg*) + bg) * (diag(r) (X Wu*) + bu),   W* = diag(g) W,
+    and the same with the gain on X instead (X* = X diag(g)): the gated kernel's epilogue
+    applies r to both accumulators before the activation, from either operand scaled."""
+    from verify import gated
+
+    normed = ref.rms_norm(x, g, eps=eps)
+    lhs = gated.activation(activation, normed @ w_gate + b_gate) * (normed @ w_up + b_up)
+    r = ref.rms_inverse(x, eps)
+    weights_scaled = gated.activation(activation, r * (x @ (g[:, None] * w_gate)) + b_gate) * (
+        r * (x @ (g[:, None] * w_up)) + b_up)
+    x_scaled = gated.activation(activation, r * ((x * g) @ w_gate) + b_gate) * (
+        r * ((x * g) @ w_up) + b_up)
+    return max(_rel(lhs, weights_scaled), _rel(lhs, x_scaled))

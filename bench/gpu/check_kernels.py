@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/gpu/check_kernels.py            # H200: impl="mosaic", < 4 min
     SMOKE=1 PYTHONPATH=. python bench/gpu/check_kernels.py    # CPU: interpreter, small sizes
 
-Three kinds of check, each over the six ops and the kernels' own variants:
+Three kinds of check, each over the six ops, the gated MLP input and the kernels' own variants:
 - correct: every output within verify's error model of the float64 reference
   (`verify.checks.check_op` / `check_outputs`), the backends' picks and padding included;
 - NaN isolated: a NaN in one row of x poisons that output row only (the judge requires
@@ -373,6 +373,60 @@ def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
             return "bitwise"
 
         label = f"residual_dense {m}x{k}x{n} bfloat16{f' mean={mean:g}' if mean else ''}"
+
+
+# The gated MLP input (jaxnorm.rms_norm_gated_dense): (full size M, K, d_ff), smoke size,
+# activation, dtype, Gemma gain offset, biases: rows not a multiple of the tile, decode, f16.
+GATED_CASES = [
+    ((2048, 2048, 8192), (130, 128, 192), "silu", BF16, 0.0, True),
+    ((1000, 4096, 14336), (64, 64, 64), "gelu_tanh", BF16, 1.0, False),
+    ((4096, 1024, 3072), (130, 64, 128), "gelu", F16, 0.0, True),
+    ((16, 2048, 8192), (1, 128, 128), "silu", BF16, 0.0, False),
+]
+
+
+def gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable for the gated gate/up kernel (verify.gated's judge)."""
+    import jaxnorm
+    from verify import gated
+
+    cases = []
+    for i, (full, smoke, activation, dtype, offset, biases) in enumerate(GATED_CASES):
+        m, k, n = _size(full, smoke)
+        label = f"gated_mlp_in {activation} {m}x{k}x({n}+{n}) {jnp.dtype(dtype).name}"
+
+        def inputs(seed, m=m, k=k, n=n, dtype=dtype, offset=offset, biases=biases):
+            rng = np.random.default_rng(seed)
+            return dict(x=_draw(rng, (m, k), dtype),
+                        scale=_draw(rng, (k,), F32, 0.2, 0.0 if offset else 1.0),
+                        gate_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
+                        up_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
+                        gate_bias=_draw(rng, (n,), F32) if biases else None,
+                        up_bias=_draw(rng, (n,), F32) if biases else None)
+
+        def run(a, activation=activation, offset=offset):
+            return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
+                                                scale_offset=offset, impl=IMPL)
+
+        def judge(a, activation=activation, offset=offset, run=run):
+            ratio = gated.check_gated(run(a), **a, activation_name=activation,
+                                      scale_offset=offset, act_dtype=F32)
+            return f"err/tol {ratio:.3f}"
+
+        def correct(i=i, inputs=inputs, judge=judge):
+            return judge(inputs(300 + i))
+
+        def nan_isolated(i=i, m=m, k=k, inputs=inputs, judge=judge):
+            a = inputs(400 + i)
+            a["x"] = np.array(a["x"])
+            a["x"][m // 2, k // 3] = np.nan
+            return judge(a)
+
+        def repeatable(i=i, inputs=inputs, run=run):
+            a = inputs(500 + i)
+            _assert_bitwise(run(a), run(a), "second call")
+            return "bitwise"
+
         cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
                   ("repeatable", label, repeatable)]
     return cases
@@ -421,7 +475,7 @@ def main() -> int:
     start = time.time()
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
-    cases = op_cases() + kernel_cases() + residual_cases()
+    cases = op_cases() + kernel_cases() + residual_cases() + gated_cases()
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]

@@ -1,0 +1,35 @@
+"""Mosaic GPU backend of the gated MLP input: `pallas_kernels.gated_matmul`.
+
+Serves bfloat16/float16 activations with weights of the same dtype, K and N
+multiples of 64, any M >= 1. Anything else raises `Unsupported` with the
+reason, and dispatch falls back to xla. Forward only: `jaxnorm.gated`'s
+custom_vjp supplies a pure-JAX backward.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxnorm.backends.mosaic_dense import _check
+from jaxnorm.backends.xla_gated import OP
+from jaxnorm.dispatch import decline_automatic, register
+from pallas_kernels import gated_matmul
+
+Array = jax.Array
+
+
+@register(OP, "mosaic")
+def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_kernel: Array,
+                         gate_bias: Array | None, up_bias: Array | None, *, activation: str,
+                         eps: float, scale_offset: float, interpret: bool) -> Array:
+    x = _check(x, (gate_kernel, up_kernel), OP, interpret)
+    return gated_matmul.gated_rms_matmul(
+        x, gate_kernel, up_kernel, activation=activation, eps=eps, scale=scale,
+        scale_offset=scale_offset, gate_bias=gate_bias, up_bias=up_bias, interpret=interpret)
+
+
+@decline_automatic(OP)
+def _not_measured_faster(x, *args, **kwargs) -> str | None:
+    """Automatic dispatch keeps the kernel out until an H200 measurement shows where it wins."""
+    return ("the gated gate/up kernel is not yet measured faster than XLA's norm + two dots + "
+            "act * up on the H200 (bench/gated_bench.py); impl='mosaic' forces it")
