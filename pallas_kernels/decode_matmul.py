@@ -39,7 +39,7 @@ from pallas_kernels.gemm_kernel import _swizzled, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import crop_rows, pad_rows
 
-__all__ = ["DecodeConfig", "decode_config", "decode_rms_norm_dense", "lazy_rms_decode_matmul"]
+__all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense", "lazy_rms_decode_matmul"]
 
 Array = jax.Array
 
@@ -198,19 +198,19 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
 
                 def store(src, c):
                     def copy(i, local_n):
-                        col = local_n * cta_n + wg_n0 + c
                         dst = out_gmems[i] if split == 1 else out_gmems[i].at[s]
-
-                        # A piece wholly past N_i is not stored: such a TMA store wrote over
-                        # valid columns on the H200 (docs/mosaic-notes.md).
-                        @pl.when(col < weights_n[i])
-                        def _():
-                            plgpu.copy_smem_to_gmem(
-                                src, dst.at[pl.ds(0, MAX_ROWS), pl.ds(col, epi_n)])
+                        plgpu.copy_smem_to_gmem(src, dst.at[pl.ds(0, MAX_ROWS),
+                                                            pl.ds(local_n * cta_n + wg_n0 + c,
+                                                                  epi_n)])
 
                     for_weight(tile, copy)
 
-                _epilogue(acc, out_smem.at[wg_idx], store, row_smem=row_smem, bias=bias,
+                # Columns of this tile inside its weight: pieces past them are skipped whole
+                # (their TMA stores wrote over valid columns on the H200, docs/mosaic-notes.md).
+                cols_left = sum(
+                    jnp.where((tile >= lo) & (tile < lo + t), n - (tile - lo) * cta_n - wg_n0, 0)
+                    for lo, t, n in zip(n_starts, n_tiles, weights_n))
+                _epilogue(acc, out_smem.at[wg_idx], store, cols_left, row_smem=row_smem, bias=bias,
                           epi_n=epi_n, out_dtype=out_dtype)
                 if has_bias:
                     # The fence orders the bias reads before the TMA that refills the buffer.
@@ -224,9 +224,11 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
     pl.run_scoped(body, **scratch, collective_axes="wg")
 
 
-def _epilogue(acc: Array, out_smem, store, *, row_smem, bias, epi_n: int, out_dtype) -> None:
+def _epilogue(acc: Array, out_smem, store, cols_left: Array, *, row_smem, bias, epi_n: int,
+              out_dtype) -> None:
     """y = r * acc + b (row_smem/bias given) or acc, stored in [64, epi_n] pieces
-    double-buffered in out_smem."""
+    double-buffered in out_smem; pieces at or past `cols_left` are skipped whole, so that
+    every wait below counts only stores that were issued."""
     tile_n = acc.shape[1]
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     col_layout = plgpu.Layout.WGMMA.reduce(0)
@@ -234,19 +236,22 @@ def _epilogue(acc: Array, out_smem, store, *, row_smem, bias, epi_n: int, out_dt
     # Drain any store still reading out_smem from the previous unit.
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
     for ni in range(tile_n // epi_n):
-        cols = slice(ni * epi_n, (ni + 1) * epi_n)
-        y = acc[:, cols]
-        if scale is not None:
-            y = y * lax.broadcast_in_dim(scale, y.shape, [0])
-        if bias is not None:
-            b = plgpu.load(bias.at[cols], layout=col_layout)
-            y = y + lax.broadcast_in_dim(b, y.shape, [1])
-        slot = ni % 2
-        # The store issued two pieces ago read this slot; wait until it has.
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        out_smem[slot] = y.astype(out_dtype)
-        plgpu.commit_smem()
-        store(out_smem.at[slot], ni * epi_n)
+
+        @pl.when(ni * epi_n < cols_left)
+        def _piece():
+            cols = slice(ni * epi_n, (ni + 1) * epi_n)
+            y = acc[:, cols]
+            if scale is not None:
+                y = y * lax.broadcast_in_dim(scale, y.shape, [0])
+            if bias is not None:
+                b = plgpu.load(bias.at[cols], layout=col_layout)
+                y = y + lax.broadcast_in_dim(b, y.shape, [1])
+            slot = ni % 2
+            # The store issued two pieces ago read this slot; wait until it has.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[slot] = y.astype(out_dtype)
+            plgpu.commit_smem()
+            store(out_smem.at[slot], ni * epi_n)
 
 
 def _build(x: Array, weights: Sequence[Array], *, config: DecodeConfig, has_bias: bool,
