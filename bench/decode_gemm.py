@@ -1,0 +1,207 @@
+"""The decode GEMM (pallas_kernels/decode_matmul.py) against cuBLAS at the presets' decode shapes.
+
+    PYTHONPATH=. python -m bench.decode_gemm --out $OUT [--budget-s 200]   # H200
+    PYTHONPATH=. python -m bench.decode_gemm --smoke --out /tmp/d          # CPU, interpreter
+
+Per shape (M x K x N; M = 1, 8, 16, 64): XLA's bf16 `x @ w` (cuBLAS) and our
+decode kernel (row scale in the epilogue, `r` given) over a handful of configs,
+measured interleaved (two rounds, the better median of each kept) with
+bench/timing.py: CUPTI kernel time summed over every kernel of the call (the
+XLA reduction of split-K partials counts in ours), inputs rotated through
+copies larger than L2. Each config's output is checked once against XLA's
+float32 product before it is timed; a wrong config is reported, never timed.
+Bandwidth is weight bytes over kernel time, next to an XLA copy's bandwidth
+(read + write of a 512 MiB buffer) measured in the same run. decode-gemm.json
+is rewritten after every shape; decode-gemm.md holds the table. Shapes start
+only while the wall-clock budget lasts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bench import report, timing
+from pallas_kernels import decode_config as dc
+from pallas_kernels import decode_matmul as dm
+
+BF16 = jnp.bfloat16
+# (K, N) of the presets' decode projections and a vocab head (tests/test_cuda_lowering_decode.py).
+SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384),
+          (8192, 2048), (1024, 4096), (2048, 128256)]
+ROWS = (1, 8, 16, 64)
+SMOKE_SHAPES, SMOKE_ROWS, SMOKE_CONFIGS = [(128, 192)], (8,), 2
+COPY_BYTES, SMOKE_COPY_BYTES = 512 * 2**20, 2**20
+# |ours - XLA float32| <= TOLERANCE * (|ref| + rms(ref)): bf16 rounding of the output is 2^-9.
+TOLERANCE = 2**-7
+ROUNDS = 2
+
+
+def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
+    """The model's pick, then 64- and 128-column tiles unsplit and split to fill the SMs."""
+    k_iters = k // 64
+    picks = [dm.decode_config(m, k, (n,), sms=sms)]
+    for tile_n in (64, 128):
+        tiles = -(-n // tile_n)
+        fill = min(k_iters, 16, max(1, -(-sms // tiles)))
+        for split_k in sorted({1, fill}):
+            picks.append(dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=split_k), 2))
+    return list(dict.fromkeys(picks))
+
+
+def _label(config: dc.DecodeConfig) -> str:
+    return (f"n{config.tile_n} s{config.split_k} st{config.stages}"
+            + (f" wg{config.warpgroups}" if config.warpgroups > 1 else ""))
+
+
+def _inputs(key: jax.Array, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    kx, kw, kr = jax.random.split(key, 3)
+    x = jax.random.normal(kx, (m, k), BF16)
+    w = (jax.random.normal(kw, (k, n), jnp.float32) / k**0.5).astype(BF16)
+    r = jax.random.uniform(kr, (m,), jnp.float32, 0.5, 1.5)
+    return x, w, r
+
+
+def _ours(config: dc.DecodeConfig, interpret: bool) -> Callable[..., jax.Array]:
+    def fn(x, w, r):
+        (y,) = dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config, interpret=interpret)
+        return y
+    return fn
+
+
+def _xla(x: jax.Array, w: jax.Array, r: jax.Array) -> jax.Array:
+    del r  # cuBLAS as users call it: no row scale
+    return x @ w
+
+
+def worst_error(y: jax.Array, x: jax.Array, w: jax.Array, r: jax.Array) -> float:
+    """max |y - ref| / (|ref| + rms(ref)) against XLA's float32 diag(r) (x @ w)."""
+    ref = jnp.dot(x, w, preferred_element_type=jnp.float32) * r[:, None]
+    rms = jnp.sqrt(jnp.mean(ref * ref))
+    return float(jnp.max(jnp.abs(y.astype(jnp.float32) - ref) / (jnp.abs(ref) + rms)))
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float | None:
+    """Bytes/s of an XLA elementwise copy (read + write) of an `nbytes` bf16 buffer."""
+    sets = [(jnp.ones((nbytes // 2,), BF16),)]
+    t = timing.measure(lambda a: a + jnp.asarray(1, BF16), sets, repeats=repeats, warmup=1)
+    return 2 * nbytes / (t.best_us * 1e-6) if t.best_us else None
+
+
+def _best(timings: list[timing.Timing]) -> dict[str, Any]:
+    best = min(timings, key=lambda t: t.best_us)
+    return dict(us=best.best_us, kernel_us=best.kernel_us, wall_us=best.wall_us,
+                rounds_us=[t.best_us for t in timings], kernels=best.kernels,
+                cupti_error=best.cupti_error)
+
+
+def measure_shape(m: int, k: int, n: int, *, sms: int, repeats: int, interpret: bool,
+                  copy_bw: float | None) -> dict[str, Any]:
+    """One row: cuBLAS, then every correct config, interleaved over ROUNDS."""
+    key = jax.random.key(m * 131 + k * 7 + n)
+    first = _inputs(key, m, k, n)
+    weight_bytes = k * n * 2
+    copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k, n) for c in range(1, copies)]
+    row: dict[str, Any] = dict(shape=[m, k, n], weight_mb=weight_bytes / 1e6, copies=copies,
+                               configs=[])
+    fns: dict[str, Callable[..., jax.Array]] = {"xla": _xla}
+    configs = candidate_configs(m, k, n, sms)
+    for config in configs[:SMOKE_CONFIGS] if interpret else configs:
+        entry: dict[str, Any] = dict(label=_label(config), config=dataclasses.asdict(config))
+        try:
+            fn = _ours(config, interpret)
+            entry["error"] = worst_error(jax.jit(fn)(*first), *first)
+            entry["correct"] = entry["error"] <= TOLERANCE
+        except Exception as err:  # a config that does not build is reported, not timed
+            entry.update(correct=False, failure=f"{type(err).__name__}: {str(err)[:300]}")
+        if entry["correct"]:
+            fns[entry["label"]] = fn
+        row["configs"].append(entry)
+    samples: dict[str, list[timing.Timing]] = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            samples[name].append(timing.measure(fn, arg_sets, repeats=repeats, warmup=1))
+    row["xla"] = _best(samples.pop("xla"))
+    for entry in row["configs"]:
+        if entry["label"] in samples:
+            entry.update(_best(samples[entry["label"]]))
+            entry["ratio"] = entry["us"] / row["xla"]["us"]
+            entry["tb_s"] = weight_bytes / (entry["us"] * 1e-6) / 1e12
+    timed = [e for e in row["configs"] if "us" in e]
+    row["xla"]["tb_s"] = weight_bytes / (row["xla"]["us"] * 1e-6) / 1e12
+    if timed:
+        best = min(timed, key=lambda e: e["us"])
+        row["best"] = best["label"]
+        row["ratio"] = best["ratio"]
+        row["copy_fraction"] = (best["tb_s"] * 1e12 / copy_bw) if copy_bw else None
+        row["pick_ratio"] = row["configs"][0].get("ratio")
+    return row
+
+
+def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable:
+    lines = []
+    for row in rows:
+        m, k, n = row["shape"]
+        best = next((e for e in row["configs"] if e["label"] == row.get("best")), None)
+        lines.append([
+            f"{m}x{k}x{n}", row.get("best", "none correct"), f"{row['weight_mb']:.1f}",
+            report.fmt(row["xla"]["us"]), report.fmt(best["us"] if best else None),
+            report.fmt(row.get("ratio"), 2), report.fmt(row.get("pick_ratio"), 2),
+            report.fmt(best["tb_s"] if best else None, 2),
+            report.fmt(row["xla"]["tb_s"], 2),
+            report.fmt(100 * row["copy_fraction"] if row.get("copy_fraction") else None, 0),
+        ])
+    title = "decode GEMM vs cuBLAS" + (f" (copy {copy_bw / 1e12:.2f} TB/s)" if copy_bw else "")
+    return report.TextTable(
+        title, ["M x K x N", "best config", "weights MB", "cuBLAS us", "ours us", "ours/cuBLAS",
+                "pick/cuBLAS", "ours TB/s", "cuBLAS TB/s", "% copy BW"], lines, left_columns=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes under the Pallas interpreter (CPU)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    interpret = args.smoke
+    repeats = 1 if args.smoke else 10
+    sms = 4 if args.smoke else jax.devices()[0].core_count
+    copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
+    shapes = [(m, k, n) for k, n in (SMOKE_SHAPES if args.smoke else SHAPES)
+              for m in (SMOKE_ROWS if args.smoke else ROWS)]
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke,
+                                   copy_tb_s=copy_bw / 1e12 if copy_bw else None,
+                                   budget_s=args.budget_s, rows=[], skipped=[])
+    for m, k, n in shapes:
+        if time.monotonic() - start > args.budget_s:
+            payload["skipped"].append([m, k, n])
+            continue
+        row = measure_shape(m, k, n, sms=sms, repeats=repeats, interpret=interpret,
+                            copy_bw=copy_bw)
+        payload["rows"].append(row)
+        payload["elapsed_s"] = time.monotonic() - start
+        report.write_json(args.out / "decode-gemm.json", payload)
+        print(f"{m}x{k}x{n}: cuBLAS {row['xla']['us']:.1f} us, best {row.get('best')} "
+              f"ratio {row.get('ratio')}", flush=True)
+    payload["elapsed_s"] = time.monotonic() - start
+    report.write_json(args.out / "decode-gemm.json", payload)
+    preamble = [f"`PYTHONPATH=. python -m bench.decode_gemm` ({payload['elapsed_s']:.0f} s; "
+                f"skipped for the budget: {payload['skipped'] or 'none'})."]
+    report.write_markdown(args.out / "decode-gemm.md", "Decode GEMM", preamble,
+                          [table(payload["rows"], copy_bw)])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
