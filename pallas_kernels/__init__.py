@@ -3,6 +3,8 @@
 - `lazy_norm_matmul`: RMSNorm / LayerNorm fused into the GEMM that follows
   (row statistics applied in the epilogue), several weights per launch.
 - `plain_matmul`: the same GEMM without a norm (the benchmarks' baseline).
+- `decode_matmul` / `decode_config`: the decode GEMM (M <= 64): split-K work
+  units that keep every SM streaming weights, the RMSNorm row scale in the epilogue.
 - `row_norm`: standalone RMSNorm / LayerNorm, one HBM read and write per
   element; wide rows split across a thread-block cluster.
 - `post_norm_matmul`: Norm(x @ W + b [+ residual]) with a cluster covering whole

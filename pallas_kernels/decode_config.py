@@ -17,9 +17,8 @@ from collections.abc import Sequence
 
 import jax
 import jax.experimental.pallas as pl
-import jax.numpy as jnp
 
-from pallas_kernels import hardware
+from pallas_kernels import gemm_config, hardware
 from pallas_kernels.errors import Unsupported
 
 # The rows of one wgmma (and of the x tile): decode's M is padded to it by TMA zero-fill.
@@ -77,27 +76,17 @@ def check_shapes(
     weights: Sequence[jax.ShapeDtypeStruct | jax.Array],
     config: DecodeConfig,
 ) -> None:
-    """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve)."""
-    if x.ndim != 2:
-        raise Unsupported(f"x must be 2-D [M, K]; got shape {x.shape}")
-    if x.dtype not in (jnp.bfloat16, jnp.float16):
-        raise Unsupported(f"x dtype {x.dtype} not served (bfloat16 and float16 only)")
+    """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve).
+
+    x and the weights as the lazy GEMM takes them (2-D, bf16/f16, K and every N
+    multiples of 64, one dtype), then the decode limits: M <= 64 and the knobs.
+    """
+    gemm_config.check_shapes(x, weights, gemm_config.TuningConfig(tile_m=64, tile_n=64))
     m, k = x.shape
-    if not 1 <= m <= MAX_ROWS:
+    if m > MAX_ROWS:
         raise Unsupported(f"M={m} must be in [1, {MAX_ROWS}] for the decode GEMM")
-    if not weights:
-        raise Unsupported("at least one weight matrix is needed")
-    for i, w in enumerate(weights):
-        if w.ndim != 2 or w.shape[0] != k:
-            raise Unsupported(f"weight[{i}] must be [K={k}, N]; got {w.shape}")
-        if w.dtype != x.dtype:
-            raise Unsupported(f"weight[{i}] dtype {w.dtype} differs from x dtype {x.dtype}")
-        if w.shape[1] % 64:
-            raise Unsupported(f"weight[{i}] N={w.shape[1]} must be a multiple of 64")
     if config.tile_k != 64:
         raise Unsupported(f"tile_k={config.tile_k} must be 64 (one 128-byte swizzle of x)")
-    if k % config.tile_k:
-        raise Unsupported(f"K={k} must be a multiple of tile_k={config.tile_k}")
     if config.tile_n % 64 or not 64 <= config.tile_n <= 256:
         raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 in [64, 256]")
     if config.warpgroups not in (1, 2):
