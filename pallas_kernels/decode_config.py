@@ -13,6 +13,7 @@ results are what should replace the picks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -159,6 +160,11 @@ def decode_config(
     Candidates: one warpgroup with 64-, 128- or 256-column tiles, K split 1..16
     ways, each with the deepest pipeline that fits. Ties go to fewer splits.
     """
+    return _decode_config(m, k, tuple(ns), sms, itemsize)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_config(m: int, k: int, ns: tuple[int, ...], sms: int, itemsize: int) -> DecodeConfig:
     k_iters = k // 64
     best, best_seconds = None, float("inf")
     for tile_n in (64, 128, 256):

@@ -32,6 +32,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes, decode_config,
                                           epi_tile_n, split_bounds, units)
 from pallas_kernels.gemm_config import padded_rows
@@ -295,7 +296,7 @@ def lazy_rms_decode_matmul(
     m, k = x.shape
     ns = [w.shape[1] for w in weights]
     if config is None:
-        config = decode_config(m, k, ns)
+        config = decode_config(m, k, ns, sms=hardware.num_sms())
     check_shapes(x, weights, config)
     if row_scale.shape != (m,):
         raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")

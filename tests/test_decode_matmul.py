@@ -64,10 +64,10 @@ def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, rng):
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
 
 
-@pytest.mark.parametrize("m, split_k", [(3, 1), (13, 2)])
-def test_gain_folded_into_x_without_biases(m, split_k, rng):
+@pytest.mark.parametrize("m, split_k, dtype", [(3, 1, jnp.float16), (13, 2, BF16)])
+def test_gain_folded_into_x_without_biases(m, split_k, dtype, rng):
     """Gemma's (1 + g) gain scales x; no bias vectors; M = 13 pads x to 16 rows for TMA."""
-    inputs = _inputs(rng, m, 192, (128, 64), bias=False, gain=True)
+    inputs = _inputs(rng, m, 192, (128, 64), bias=False, gain=True, dtype=dtype)
     config = dc.DecodeConfig(tile_n=64, split_k=split_k, stages=2)
     outs = dm.decode_rms_norm_dense(
         inputs["x"], inputs["kernel"], eps=inputs["eps"], scale=inputs["scale"],
