@@ -47,14 +47,22 @@ ROUNDS = 2
 
 
 def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
-    """The model's pick, then 64- and 128-column tiles unsplit and split to fill the SMs."""
+    """The model's pick, then alternatives that differ most from each other first: 128-column
+    tiles unsplit, 64-column tiles split to fill the SMs' waves, 256 unsplit, 128 split, 64
+    unsplit."""
     k_iters = k // 64
-    picks = [dm.decode_config(m, k, (n,), sms=sms)]
-    for tile_n in (64, 128):
+
+    def fill(tile_n: int) -> int:
+        """The fewest splits whose units fill >= 90% of the SMs' waves (else the best fill)."""
         tiles = -(-n // tile_n)
-        fill = min(k_iters, 16, max(1, -(-sms // tiles)))
-        for split_k in sorted({1, fill}):
-            picks.append(dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=split_k), 2))
+        def waves_filled(s: int) -> float:
+            return tiles * s / (-(-tiles * s // sms) * sms)
+        splits = range(1, min(k_iters, 16) + 1)
+        return next((s for s in splits if waves_filled(s) >= 0.9), max(splits, key=waves_filled))
+
+    shapes = [(128, 1), (64, fill(64)), (256, 1), (128, fill(128)), (64, 1)]
+    picks = [dm.decode_config(m, k, (n,), sms=sms)]
+    picks += [dc.deepest(dc.DecodeConfig(tile_n=t, split_k=s), 2) for t, s in shapes]
     return list(dict.fromkeys(picks))
 
 
