@@ -40,7 +40,8 @@ from pallas_kernels.gemm_kernel import _swizzled, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import crop_rows, pad_rows
 
-__all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense", "lazy_rms_decode_matmul"]
+__all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense",
+           "lazy_rms_decode_matmul"]
 
 Array = jax.Array
 
@@ -68,18 +69,17 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
     def unit_coords(u):
         """(global N tile, split, first K step, K steps) of unit u."""
         tile, s = lax.div(u, split), lax.rem(u, split)
-        lo = lax.div(s * k_iters, split)
-        hi = lax.div((s + 1) * k_iters, split)
+        lo, hi = split_bounds(s, k_iters, split)
         return tile, s, lo, hi - lo
 
     def for_weight(tile, fn: Callable[[int, Array], None]) -> None:
         """fn(weight index, local N tile) for the weight that owns global N tile `tile`."""
+        if num_weights == 1:
+            fn(0, tile)
+            return
         for i in range(num_weights):
             lo, hi = n_starts[i], n_starts[i] + n_tiles[i]
-            if num_weights == 1:
-                fn(i, tile)
-            else:
-                pl.when((tile >= lo) & (tile < hi))(functools.partial(fn, i, tile - lo))
+            pl.when((tile >= lo) & (tile < hi))(functools.partial(fn, i, tile - lo))
 
     scratch = dict(
         a_smem=_swizzled((stages, MAX_ROWS, tile_k), dtype, tile_k),
