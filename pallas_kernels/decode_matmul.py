@@ -159,7 +159,7 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                     plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
 
         def mma_warpgroup():
-            # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
+            # Registers per thread: at most 2 x 232 + 40 (memory) = 504 <= 512.
             plgpu.set_max_registers(232, action="increase")
             wg_n0 = wg_idx * tile_n
             if split == 1:
