@@ -5,6 +5,8 @@
 - `plain_matmul`: the same GEMM without a norm (the benchmarks' baseline).
 - `residual_matmul`: x @ W + b + residual with per-row (sum, M2) partials of the
   sum in the epilogue (`gemm_epilogue`), the next pre-norm GEMM's statistics.
+- `decode_matmul` / `decode_config`: the decode GEMM (M <= 64): split-K work
+  units that keep every SM streaming weights, the RMSNorm row scale in the epilogue.
 - `row_norm`: standalone RMSNorm / LayerNorm, one HBM read and write per
   element; wide rows split across a thread-block cluster.
 - `post_norm_matmul`: Norm(x @ W + b [+ residual]) with a cluster covering whole

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
+from pallas_kernels import decode_matmul
 from pallas_kernels import lazy_norm_matmul as lazy
 from pallas_kernels.errors import Unsupported
 
@@ -54,6 +55,10 @@ def rms_norm_dense(
 ) -> tuple[Array, ...]:
     x = _check(x, kernels, "rms_norm_dense", interpret)
     row_scale = None if stats is None else row_stats.rms_inverse(stats, eps)
+    if x.shape[0] <= decode_matmul.MAX_ROWS:  # decode: the weight-streaming split-K GEMM
+        return decode_matmul.decode_rms_norm_dense(
+            x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
+            row_scale=row_scale, interpret=interpret)
     return lazy.lazy_rms_matmul(
         x, kernels, eps=eps, scale=scale, scale_offset=scale_offset, biases=biases,
         row_scale=row_scale, config=_config(x, kernels), interpret=interpret,
@@ -112,6 +117,10 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
 
 @decline_automatic("rms_norm_dense")
 def _decline_rms_norm_dense(x, scale, kernels, biases, *stats, **kwargs) -> str | None:
+    if x.shape[0] <= decode_matmul.MAX_ROWS:
+        return (f"at M={x.shape[0]} the decode GEMM (pallas_kernels/decode_matmul.py) is not "
+                "measured against cuBLAS on the H200 yet (bench/decode_gemm.py); "
+                "impl='mosaic' forces it")
     return _slower_than_xla(x, kernels)
 
 

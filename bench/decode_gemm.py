@@ -1,0 +1,243 @@
+"""The decode GEMM (pallas_kernels/decode_matmul.py) against cuBLAS at the presets' decode shapes.
+
+    PYTHONPATH=. python -m bench.decode_gemm --out $OUT [--budget-s 200]   # H200
+    PYTHONPATH=. python -m bench.decode_gemm --smoke --out /tmp/d          # CPU, interpreter
+
+Per shape (M x K x N; M = 1, 8, 16, 64): XLA's bf16 `x @ w` (cuBLAS) and our
+decode kernel (row scale in the epilogue, `r` given) over a handful of configs:
+first the model's pick at every shape, then (while the budget lasts) the
+alternatives, each pass measured interleaved with cuBLAS (two rounds, the
+better median of each kept; ratios are to the same pass's cuBLAS) with
+bench/timing.py: CUPTI kernel time summed over every kernel of the call (the
+XLA reduction of split-K partials counts in ours), inputs rotated through
+copies larger than L2. Each config's output is checked once against XLA's
+float32 product before it is timed; a wrong config is reported, never timed.
+Bandwidth is weight bytes over kernel time, next to an XLA copy's bandwidth
+(read + write of a 512 MiB buffer) measured in the same run. decode-gemm.json
+is rewritten after every shape; decode-gemm.md holds the table. Shapes start
+only while the wall-clock budget lasts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bench import report, timing
+from pallas_kernels import decode_config as dc
+from pallas_kernels import decode_matmul as dm
+
+BF16 = jnp.bfloat16
+# (K, N) of the presets' decode projections and a vocab head (tests/test_cuda_lowering_decode.py).
+SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384),
+          (8192, 2048), (1024, 4096), (2048, 128256)]
+ROWS = (1, 8, 16, 64)
+SMOKE_SHAPES, SMOKE_ROWS = [(128, 192)], (8,)
+COPY_BYTES, SMOKE_COPY_BYTES = 512 * 2**20, 2**20
+# |ours - XLA float32| <= TOLERANCE * (|ref| + rms(ref)): bf16 rounding of the output is 2^-9.
+TOLERANCE = 2**-7
+ROUNDS = 2
+
+
+def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
+    """The model's pick, then alternatives that differ most from each other first: 128-column
+    tiles unsplit, 64-column tiles split to fill the SMs' waves, 256 unsplit, 128 split, 64
+    unsplit."""
+    k_iters = k // 64
+
+    def fill(tile_n: int) -> int:
+        """The fewest splits whose units fill >= 90% of the SMs' waves (else the best fill)."""
+        tiles = -(-n // tile_n)
+        def waves_filled(s: int) -> float:
+            return tiles * s / (-(-tiles * s // sms) * sms)
+        splits = range(1, min(k_iters, 16) + 1)
+        return next((s for s in splits if waves_filled(s) >= 0.9), max(splits, key=waves_filled))
+
+    shapes = [(128, 1), (64, fill(64)), (256, 1), (128, fill(128)), (64, 1)]
+    picks = [dm.decode_config(m, k, (n,), sms=sms)]
+    picks += [dc.deepest(dc.DecodeConfig(tile_n=t, split_k=s), 2) for t, s in shapes]
+    return list(dict.fromkeys(picks))
+
+
+def _label(config: dc.DecodeConfig) -> str:
+    return (f"n{config.tile_n} s{config.split_k} st{config.stages}"
+            + (f" wg{config.warpgroups}" if config.warpgroups > 1 else ""))
+
+
+def _inputs(key: jax.Array, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    kx, kw, kr = jax.random.split(key, 3)
+    x = jax.random.normal(kx, (m, k), BF16)
+    w = (jax.random.normal(kw, (k, n), jnp.float32) / k**0.5).astype(BF16)
+    r = jax.random.uniform(kr, (m,), jnp.float32, 0.5, 1.5)
+    return x, w, r
+
+
+def _ours(config: dc.DecodeConfig, interpret: bool) -> Callable[..., jax.Array]:
+    def fn(x, w, r):
+        (y,) = dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config, interpret=interpret)
+        return y
+    return fn
+
+
+def _xla(x: jax.Array, w: jax.Array, r: jax.Array) -> jax.Array:
+    del r  # cuBLAS as users call it: no row scale
+    return x @ w
+
+
+def worst_error(y: jax.Array, x: jax.Array, w: jax.Array, r: jax.Array) -> float:
+    """max |y - ref| / (|ref| + rms(ref)) against XLA's float32 diag(r) (x @ w)."""
+    ref = jnp.dot(x, w, preferred_element_type=jnp.float32) * r[:, None]
+    rms = jnp.sqrt(jnp.mean(ref * ref))
+    return float(jnp.max(jnp.abs(y.astype(jnp.float32) - ref) / (jnp.abs(ref) + rms)))
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float | None:
+    """Bytes/s of an XLA elementwise copy (read + write) of an `nbytes` bf16 buffer."""
+    sets = [(jnp.ones((nbytes // 2,), BF16),)]
+    t = timing.measure(lambda a: a + jnp.asarray(1, BF16), sets, repeats=repeats, warmup=1)
+    return 2 * nbytes / (t.best_us * 1e-6) if t.best_us else None
+
+
+def _best(timings: list[timing.Timing]) -> dict[str, Any]:
+    best = min(timings, key=lambda t: t.best_us)
+    return dict(us=best.best_us, kernel_us=best.kernel_us, wall_us=best.wall_us,
+                rounds_us=[t.best_us for t in timings], kernels=best.kernels,
+                cupti_error=best.cupti_error)
+
+
+def _checked(config: dc.DecodeConfig, first, interpret: bool) -> tuple[dict[str, Any], Any]:
+    """(report entry, fn to time or None): a config is timed only if its output is right."""
+    entry: dict[str, Any] = dict(label=_label(config), config=dataclasses.asdict(config))
+    fn = _ours(config, interpret)
+    try:
+        entry["error"] = worst_error(jax.jit(fn)(*first), *first)
+        entry["correct"] = entry["error"] <= TOLERANCE
+    except Exception as err:  # a config that does not build is reported, not timed
+        entry.update(correct=False, failure=f"{type(err).__name__}: {str(err)[:300]}")
+    return entry, fn if entry["correct"] else None
+
+
+def measure_configs(m: int, k: int, n: int, configs: list[dc.DecodeConfig], *, repeats: int,
+                    interpret: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(cuBLAS, one entry per config): checked, then timed interleaved with cuBLAS."""
+    key = jax.random.key(m * 131 + k * 7 + n)
+    first = _inputs(key, m, k, n)
+    copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k, n) for c in range(1, copies)]
+    fns: dict[str, Callable[..., jax.Array]] = {"xla": _xla}
+    entries = []
+    for config in configs:
+        entry, fn = _checked(config, first, interpret)
+        if fn is not None:
+            fns[entry["label"]] = fn
+        entries.append(entry)
+    samples: dict[str, list[timing.Timing]] = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            samples[name].append(timing.measure(fn, arg_sets, repeats=repeats, warmup=1))
+    xla = _best(samples.pop("xla"))
+    weight_bytes = k * n * 2
+    xla["tb_s"] = weight_bytes / (xla["us"] * 1e-6) / 1e12
+    for entry in entries:
+        if entry["label"] in samples:
+            entry.update(_best(samples[entry["label"]]))
+            # Against the cuBLAS time measured in the same interleaved rounds.
+            entry["ratio"] = entry["us"] / xla["us"]
+            entry["tb_s"] = weight_bytes / (entry["us"] * 1e-6) / 1e12
+    return xla, entries
+
+
+def summarize(row: dict[str, Any], copy_bw: float | None) -> None:
+    """The row's best config, its ratio to cuBLAS and its fraction of the copy bandwidth."""
+    timed = [e for e in row["configs"] if "us" in e]
+    if timed:
+        best = min(timed, key=lambda e: e["ratio"])
+        row["best"] = best["label"]
+        row["ratio"] = best["ratio"]
+        row["copy_fraction"] = (best["tb_s"] * 1e12 / copy_bw) if copy_bw else None
+        row["pick_ratio"] = row["configs"][0].get("ratio")
+
+
+def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable:
+    lines = []
+    for row in rows:
+        m, k, n = row["shape"]
+        best = next((e for e in row["configs"] if e["label"] == row.get("best")), None)
+        lines.append([
+            f"{m}x{k}x{n}", row.get("best", "none correct"), f"{row['weight_mb']:.1f}",
+            report.fmt(row["xla"]["us"]), report.fmt(best["us"] if best else None),
+            report.fmt(row.get("ratio"), 2), report.fmt(row.get("pick_ratio"), 2),
+            report.fmt(best["tb_s"] if best else None, 2),
+            report.fmt(row["xla"]["tb_s"], 2),
+            report.fmt(100 * row["copy_fraction"] if row.get("copy_fraction") else None, 0),
+        ])
+    title = "decode GEMM vs cuBLAS" + (f" (copy {copy_bw / 1e12:.2f} TB/s)" if copy_bw else "")
+    return report.TextTable(
+        title, ["M x K x N", "best config", "weights MB", "cuBLAS us", "ours us", "ours/cuBLAS",
+                "pick/cuBLAS", "ours TB/s", "cuBLAS TB/s", "% copy BW"], lines, left_columns=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--configs", type=int, default=4,
+                        help="configs per shape at most, the model's pick first")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes under the Pallas interpreter (CPU)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    interpret = args.smoke
+    repeats = 1 if args.smoke else 10
+    sms = 4 if args.smoke else jax.devices()[0].core_count
+    copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
+    shapes = [(m, k, n) for k, n in (SMOKE_SHAPES if args.smoke else SHAPES)
+              for m in (SMOKE_ROWS if args.smoke else ROWS)]
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke,
+                                   copy_tb_s=copy_bw / 1e12 if copy_bw else None,
+                                   budget_s=args.budget_s, rows=[], skipped=[])
+    # Pass 1: the model's pick at every shape; pass 2: the alternatives, while the budget lasts.
+    rows = {}
+    for phase in ("pick", "alternatives"):
+        for m, k, n in shapes:
+            if time.monotonic() - start > args.budget_s:
+                payload["skipped"].append(dict(shape=[m, k, n], phase=phase))
+                continue
+            configs = candidate_configs(m, k, n, sms)
+            configs = configs[:1] if phase == "pick" else configs[1:args.configs]
+            if not configs:
+                continue
+            xla, entries = measure_configs(m, k, n, configs, repeats=repeats,
+                                           interpret=interpret)
+            row = rows.setdefault((m, k, n), dict(shape=[m, k, n], weight_mb=k * n * 2 / 1e6,
+                                                  xla=xla, configs=[]))
+            row.setdefault("xla_by_phase", {})[phase] = xla
+            row["configs"] += [dict(e, phase=phase) for e in entries]
+            summarize(row, copy_bw)
+            payload["rows"] = list(rows.values())
+            payload["elapsed_s"] = time.monotonic() - start
+            report.write_json(args.out / "decode-gemm.json", payload)
+            print(f"{m}x{k}x{n} {phase}: cuBLAS {xla['us']:.1f} us; "
+                  + ", ".join(f"{e['label']} {e.get('ratio', 'wrong')}" for e in entries),
+                  flush=True)
+    payload["elapsed_s"] = time.monotonic() - start
+    report.write_json(args.out / "decode-gemm.json", payload)
+    skipped = ", ".join(f"{'x'.join(map(str, s['shape']))} ({s['phase']})"
+                        for s in payload["skipped"]) or "none"
+    preamble = [f"`PYTHONPATH=. python -m bench.decode_gemm` ({payload['elapsed_s']:.0f} s; "
+                f"skipped for the budget: {skipped})."]
+    report.write_markdown(args.out / "decode-gemm.md", "Decode GEMM", preamble,
+                          [table(payload["rows"], copy_bw)])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

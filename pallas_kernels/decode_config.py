@@ -1,0 +1,178 @@
+"""Knobs, shape checks and per-shape selection of the decode GEMM (pallas_kernels/decode_matmul.py).
+
+At decode (M <= 64) a GEMM only streams weights: the time is the weight bytes over
+the bandwidth the SMs pull together. `decode_config` picks the tiles and the
+K split with a model of that (`modelled_seconds`): every SM's share of the work
+units, each SM's rate capped by its bytes in flight (stages x weight tile over a
+load latency) and by its wgmma time, the HBM bandwidth shared among the SMs still
+busy, plus the split-K reduction's traffic and launch. The constants are a model,
+not measurements: bench/decode_gemm.py measures configs against cuBLAS, and its
+results are what should replace the picks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.experimental.pallas as pl
+
+from pallas_kernels import gemm_config, hardware
+from pallas_kernels.errors import Unsupported
+
+# The rows of one wgmma (and of the x tile): decode's M is padded to it by TMA zero-fill.
+MAX_ROWS = 64
+# Output staging pieces: 64 columns of x.dtype, 32 of float32 (each 128 bytes a row).
+EPI_N = {2: 64, 4: 32}
+
+# Model constants (H200; bench/decode_gemm.py measures what replaces them).
+HBM_BYTES_PER_S = 4.0e12
+LOAD_LATENCY_S = 1.5e-6
+SM_PORT_BYTES_PER_S = 40e9
+SM_TENSOR_FLOPS = 0.6 * 990e12 / hardware.H200_SMS
+# Kernel time of the XLA fusion that sums split-K partials (a small kernel's floor).
+REDUCE_LAUNCH_S = 2e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Tiles and schedule: each MMA warpgroup owns a [64, tile_n] float32 accumulator.
+
+    A work unit is (weight, N tile of warpgroups * tile_n columns, K split); the
+    `split_k` splits of a tile write float32 partials that XLA sums (split_k = 1:
+    the epilogue runs in the kernel). `stages` pipeline slots of [64, tile_k] x
+    and [tile_k, warpgroups * tile_n] weight tiles.
+    """
+
+    tile_n: int = 128
+    tile_k: int = 64
+    split_k: int = 1
+    stages: int = 8
+    warpgroups: int = 1
+
+    @property
+    def cta_tile_n(self) -> int:
+        return self.tile_n * self.warpgroups
+
+
+def epi_tile_n(split_k: int, itemsize: int) -> int:
+    """Columns of one output staging piece: float32 partials or x.dtype outputs."""
+    return EPI_N[4] if split_k > 1 else EPI_N[itemsize]
+
+
+def smem_bytes(config: DecodeConfig, itemsize: int) -> int:
+    """Pipeline slots, output staging (two pieces per warpgroup), the row scale, the
+    double-buffered bias tile, barriers."""
+    stage = (MAX_ROWS + config.cta_tile_n) * config.tile_k * itemsize
+    out_itemsize = 4 if config.split_k > 1 else itemsize
+    out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config.split_k, itemsize) * out_itemsize
+    vectors = 4 * (MAX_ROWS + 2 * config.cta_tile_n)
+    return stage * config.stages + out + vectors + 512
+
+
+def check_shapes(
+    x: jax.ShapeDtypeStruct | jax.Array,
+    weights: Sequence[jax.ShapeDtypeStruct | jax.Array],
+    config: DecodeConfig,
+) -> None:
+    """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve).
+
+    x and the weights as the lazy GEMM takes them (2-D, bf16/f16, K and every N
+    multiples of 64, one dtype), then the decode limits: M <= 64 and the knobs.
+    """
+    gemm_config.check_shapes(x, weights, gemm_config.TuningConfig(tile_m=64, tile_n=64))
+    m, k = x.shape
+    if m > MAX_ROWS:
+        raise Unsupported(f"M={m} must be in [1, {MAX_ROWS}] for the decode GEMM")
+    if config.tile_k != 64:
+        raise Unsupported(f"tile_k={config.tile_k} must be 64 (one 128-byte swizzle of x)")
+    if config.tile_n % 64 or not 64 <= config.tile_n <= 256:
+        raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 in [64, 256]")
+    if config.warpgroups not in (1, 2):
+        raise Unsupported(f"warpgroups={config.warpgroups} must be 1 or 2")
+    if not 1 <= config.split_k <= k // config.tile_k:
+        raise Unsupported(
+            f"split_k={config.split_k} must be in [1, K / tile_k = {k // config.tile_k}]"
+        )
+    if config.stages < 2:
+        raise Unsupported(f"stages={config.stages} must be >= 2")
+    if smem_bytes(config, x.dtype.itemsize) > hardware.SMEM_BYTES_PER_CTA:
+        raise Unsupported(f"{config} needs more shared memory than a CTA has")
+
+
+def units(config: DecodeConfig, ns: Sequence[int]) -> int:
+    """Work units of one launch: (weight, N tile, K split)."""
+    return sum(pl.cdiv(n, config.cta_tile_n) for n in ns) * config.split_k
+
+
+def split_bounds(split: int, k_iters: int, split_k: int) -> tuple[int, int]:
+    """K steps [lo, hi) of one split: sizes differ by at most one step."""
+    return split * k_iters // split_k, (split + 1) * k_iters // split_k
+
+
+def _busy_seconds(works: list[float], rate_cap: float) -> float:
+    """When the last SM finishes: each busy SM pulls min(rate_cap, HBM / busy SMs) bytes/s."""
+    time, done, left = 0.0, 0.0, sorted(works)
+    for i, work in enumerate(left):
+        busy = len(left) - i
+        rate = min(rate_cap, HBM_BYTES_PER_S / busy)
+        time += (work - done) / rate
+        done = work
+    return time
+
+
+def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *, sms: int,
+                     itemsize: int = 2) -> float:
+    """The model's kernel time of one launch (plus the split-K reduction), in seconds."""
+    k_iters = k // config.tile_k
+    step_bytes = config.tile_k * config.cta_tile_n * itemsize
+    n_units = units(config, ns)
+    works = [0.0] * min(sms, n_units)
+    for u in range(n_units):
+        lo, hi = split_bounds(u % config.split_k, k_iters, config.split_k)
+        works[u % sms] += (hi - lo) * step_bytes
+    mma_seconds = 2 * MAX_ROWS * config.cta_tile_n * config.tile_k / SM_TENSOR_FLOPS
+    rate_cap = min(SM_PORT_BYTES_PER_S, config.stages * step_bytes / LOAD_LATENCY_S,
+                   step_bytes / mma_seconds)
+    seconds = _busy_seconds(works, rate_cap)
+    if config.split_k > 1:
+        partials = config.split_k * m * sum(ns) * 4
+        seconds += (2 * partials + m * sum(ns) * itemsize) / HBM_BYTES_PER_S + REDUCE_LAUNCH_S
+    return seconds
+
+
+def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12) -> DecodeConfig:
+    """`config` with the most pipeline stages (<= max_stages) that fit in shared memory."""
+    for stages in range(max_stages, 1, -1):
+        fitted = dataclasses.replace(config, stages=stages)
+        if smem_bytes(fitted, itemsize) <= hardware.SMEM_BYTES_PER_CTA:
+            return fitted
+    raise Unsupported(f"{config}: not even two stages fit in shared memory")
+
+
+def decode_config(
+    m: int, k: int, ns: Sequence[int], *, sms: int = hardware.H200_SMS, itemsize: int = 2
+) -> DecodeConfig:
+    """The modelled-fastest config for an [m, k] x [k, N_i] launch (M <= 64).
+
+    Candidates: one warpgroup with 64-, 128- or 256-column tiles, K split 1..16
+    ways, each with the deepest pipeline that fits. Ties go to fewer splits.
+    """
+    return _decode_config(m, k, tuple(ns), sms, itemsize)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_config(m: int, k: int, ns: tuple[int, ...], sms: int, itemsize: int) -> DecodeConfig:
+    k_iters = k // 64
+    best, best_seconds = None, float("inf")
+    for tile_n in (64, 128, 256):
+        for split_k in range(1, min(16, k_iters) + 1):
+            config = deepest(DecodeConfig(tile_n=tile_n, split_k=split_k), itemsize)
+            seconds = modelled_seconds(config, m, k, ns, sms=sms, itemsize=itemsize)
+            if seconds < best_seconds * 0.999:
+                best, best_seconds = config, seconds
+    if best is None:
+        raise Unsupported(f"K={k} must be a multiple of 64")
+    return best

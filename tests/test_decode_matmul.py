@@ -1,0 +1,141 @@
+"""The decode GEMM (M <= 64, split-K) under the Mosaic GPU interpreter with race detection.
+
+Outputs are judged by verify's float64 reference of RMSNorm(x) @ W + b; uninitialized
+memory reads as NaN in the interpreter, so an element no unit writes fails the check.
+Weights are q/k/v-like (one wide, two narrow), 192 columns is not a whole number of
+128-column tiles (a piece past N is skipped), K = 256 is four K steps (split 1, 2, 4 ways).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnorm.backends import mosaic_dense
+from kernel_checks import assert_race_free
+from pallas_kernels import decode_config as dc
+from pallas_kernels import decode_matmul as dm
+from pallas_kernels.errors import Unsupported
+from pallas_kernels.lazy_norm_matmul import rms_row_scale
+from verify.checks import check_op, check_outputs
+
+BF16 = jnp.bfloat16
+QKV = (192, 64, 64)
+
+
+def _inputs(rng, m: int, k: int, ns, *, bias=True, gain=False, dtype=BF16) -> dict:
+    inputs = dict(
+        x=jnp.asarray(rng.standard_normal((m, k)) + 0.3, dtype),
+        kernel=[jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), dtype) for n in ns],
+        bias=[jnp.asarray(rng.standard_normal(n), jnp.float32) if bias and i != 1 else None
+              for i, n in enumerate(ns)],
+        eps=1e-6,
+    )
+    if gain:
+        inputs["scale"] = jnp.asarray(0.2 * rng.standard_normal(k), jnp.float32)
+        inputs["scale_offset"] = 1.0
+    return inputs
+
+
+# (M, split_k, tile_n, warpgroups): every M of the issue, every split, both warpgroup counts.
+CASES = [
+    (1, 1, 128, 1),
+    (1, 4, 64, 1),
+    (7, 2, 128, 1),
+    (7, 1, 64, 2),
+    (16, 4, 128, 1),
+    (16, 2, 64, 2),
+    (64, 1, 64, 1),
+    (64, 4, 64, 2),
+]
+
+
+@pytest.mark.parametrize("m, split_k, tile_n, warpgroups", CASES)
+def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, rng):
+    inputs = _inputs(rng, m, 256, QKV)
+    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups)
+    outs = dm.lazy_rms_decode_matmul(
+        inputs["x"], inputs["kernel"], row_scale=rms_row_scale(inputs["x"], inputs["eps"]),
+        biases=inputs["bias"], config=config, interpret=True)
+    assert_race_free()
+    assert all(y.dtype == BF16 and y.shape == (m, n) for y, n in zip(outs, QKV))
+    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+
+
+@pytest.mark.parametrize("m, split_k, dtype", [(3, 1, jnp.float16), (13, 2, BF16)])
+def test_gain_folded_into_x_without_biases(m, split_k, dtype, rng):
+    """Gemma's (1 + g) gain scales x; no bias vectors; M = 13 pads x to 16 rows for TMA."""
+    inputs = _inputs(rng, m, 192, (128, 64), bias=False, gain=True, dtype=dtype)
+    config = dc.DecodeConfig(tile_n=64, split_k=split_k, stages=2)
+    outs = dm.decode_rms_norm_dense(
+        inputs["x"], inputs["kernel"], eps=inputs["eps"], scale=inputs["scale"],
+        scale_offset=1.0, biases=None, config=config, interpret=True)
+    assert_race_free()
+    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+
+
+def test_op_serves_decode_rows_with_the_decode_kernel(rng, monkeypatch):
+    """jaxnorm's rms_norm_dense (impl="interpret") at M <= 64 runs the decode kernel."""
+    calls = []
+    original = dm.lazy_rms_decode_matmul
+    monkeypatch.setattr(dm, "lazy_rms_decode_matmul", lambda *a, **kw: calls.append(1)
+                        or original(*a, **kw))
+    inputs = _inputs(rng, 5, 128, QKV, gain=True)
+    assert check_op("rms_norm_dense", "interpret", **inputs) <= 1.0
+    assert_race_free()
+    assert calls
+
+
+def test_automatic_dispatch_declines_decode_until_measured():
+    s = jax.ShapeDtypeStruct
+    reason = mosaic_dense._decline_rms_norm_dense(s((16, 4096), BF16), None,
+                                                  (s((4096, 6144), BF16),), (None,))
+    assert "not measured" in reason and "decode" in reason
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 64])
+@pytest.mark.parametrize("k, ns", [(4096, (6144,)), (8192, (2048,)), (2048, (128256,)),
+                                   (2048, (2048, 512, 512)), (4096, (14336, 14336))])
+def test_selection_is_valid_and_no_slower_than_its_alternatives_in_the_model(m, k, ns):
+    config = dm.decode_config(m, k, ns)
+    dc.check_shapes(jax.ShapeDtypeStruct((m, k), BF16),
+                    [jax.ShapeDtypeStruct((k, n), BF16) for n in ns], config)
+    picked = dc.modelled_seconds(config, m, k, ns, sms=132)
+    for other in (dc.DecodeConfig(tile_n=64, stages=12), dc.DecodeConfig(split_k=4)):
+        assert picked <= 1.001 * dc.modelled_seconds(other, m, k, ns, sms=132)
+    # The model never beats the weights' read at the assumed bandwidth.
+    assert picked >= (1 - 1e-9) * k * sum(ns) * 2 / dc.HBM_BYTES_PER_S
+
+
+def test_split_bounds_cover_k_once():
+    for k_iters in (1, 4, 7, 64):
+        for split_k in range(1, k_iters + 1):
+            bounds = [dc.split_bounds(s, k_iters, split_k) for s in range(split_k)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == k_iters
+            assert all(hi > lo for lo, hi in bounds)
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize(
+    "m, k, n, config, reason",
+    [
+        (65, 128, 64, dc.DecodeConfig(), "M=65 must be in"),
+        (8, 128, 96, dc.DecodeConfig(), "N=96 must be a multiple of 64"),
+        (8, 128, 64, dc.DecodeConfig(split_k=3), "split_k=3 must be in"),
+        (8, 128, 64, dc.DecodeConfig(tile_n=96), "tile_n=96"),
+        (8, 128, 64, dc.DecodeConfig(stages=16, tile_n=256), "shared memory"),
+    ],
+)
+def test_unsupported_says_why(m, k, n, config, reason):
+    x, w = jnp.zeros((m, k), BF16), jnp.zeros((k, n), BF16)
+    with pytest.raises(Unsupported, match=reason):
+        dm.lazy_rms_decode_matmul(x, [w], row_scale=jnp.ones((m,)), config=config,
+                                  interpret=True)
+
+
+def test_row_scale_shape_is_checked():
+    x, w = jnp.zeros((4, 128), BF16), jnp.zeros((128, 64), BF16)
+    with pytest.raises(ValueError, match="row_scale"):
+        dm.lazy_rms_decode_matmul(x, [w], row_scale=jnp.ones((5,)), interpret=True)
