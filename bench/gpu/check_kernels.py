@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/gpu/check_kernels.py            # H200: impl="mosaic", < 4 min
     SMOKE=1 PYTHONPATH=. python bench/gpu/check_kernels.py    # CPU: interpreter, small sizes
 
-Three kinds of check, each over the six ops, the gated MLP input and the kernels' own variants:
+Three kinds of check, each over the six ops and the kernels' own variants:
 - correct: every output within verify's error model of the float64 reference
   (`verify.checks.check_op` / `check_outputs`), the backends' picks and padding included;
 - NaN isolated: a NaN in one row of x poisons that output row only (the judge requires
@@ -373,6 +373,9 @@ def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
             return "bitwise"
 
         label = f"residual_dense {m}x{k}x{n} bfloat16{f' mean={mean:g}' if mean else ''}"
+        cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
+                  ("repeatable", label, repeatable)]
+    return cases
 
 
 # The gated MLP input (jaxnorm.rms_norm_gated_dense): (full size M, K, d_ff), smoke size,
