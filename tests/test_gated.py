@@ -117,9 +117,11 @@ def test_automatic_dispatch_runs_xla_and_says_why(rng):
     assert "rms_norm_gated_dense" in jaxnorm.fallback_reasons()
 
 
-def test_automatic_dispatch_declines_the_kernel_until_measured():
-    reason = mosaic_gated._not_measured_faster(jnp.ones((8192, 64), BF16))
-    assert "not yet measured faster" in reason and "impl='mosaic'" in reason
+def test_automatic_dispatch_takes_the_kernel_only_where_measured():
+    reason = mosaic_gated._not_measured_faster(jnp.ones((2048, 64), BF16))
+    assert "not measured" in reason and "impl='mosaic'" in reason
+    assert mosaic_gated._not_measured_faster(jnp.ones((mosaic_gated.MIN_MEASURED_ROWS, 64),
+                                                      BF16)) is None
 
 
 GRAD_CASES = {

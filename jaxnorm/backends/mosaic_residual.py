@@ -21,10 +21,12 @@ from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
 
-# The (M, K, N) the GPU bench measures (`python -m bench --suite residual-gemm`): the only
-# shapes impl=None hands the kernel until measurements say where it wins.
-BENCH_SHAPES = frozenset((8192, k, n) for k, n in ((4096, 4096), (14336, 4096), (2048, 2048),
-                                                      (8192, 2048), (2048, 3072)))
+# impl=None keeps the kernel out: on the H200 (bench/results/2026-12-01-free-stats,
+# residual-gemm) it took 1.020-1.054x XLA's x @ w + r at every measured shape
+# (8192 x (4096x4096, 14336x4096, 2048x2048, 8192x2048, 2048x3072)), against a
+# target of 1.01x: the epilogue's residual tile and statistics cost 3-14% over our
+# plain GEMM, more than the statistics pass it saves.
+MEASURED_RATIO = "1.020-1.054x"
 
 
 @register("residual_dense", "mosaic")
@@ -48,10 +50,6 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
 
 
 @decline_automatic("residual_dense")
-def _not_measured(x, kernel, bias, residual, **kwargs) -> str | None:
-    shape = (x.shape[0], x.shape[1], kernel.shape[1])
-    if shape in BENCH_SHAPES:
-        return None
-    return (f"residual GEMM at M, K, N = {shape} is not measured against XLA's x @ w + r yet "
-            "(impl=None uses it only at the shapes `python -m bench --suite residual-gemm` "
-            "times); impl='mosaic' forces it")
+def _slower_than_xla(x, kernel, bias, residual, **kwargs) -> str:
+    return (f"the residual GEMM measured {MEASURED_RATIO} XLA's x @ w + r on the H200 "
+            "(bench/results/2026-12-01-free-stats); impl='mosaic' forces it")

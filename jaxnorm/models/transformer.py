@@ -126,8 +126,7 @@ class Block(nnx.Module):
         cfg = self.cfg
         q, k, v = self._qkv(x, stats)
         x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x)
-        gate, up = self.mlp_in(x, statistics=stats) if stats is not None else self.mlp_in(x)
-        h = layers.activation(cfg, gate) * up
+        h = layers.gated_mlp_input(cfg, self.mlp_in, x, stats)
         if cfg.post_norms:
             return layers.project_then_norm(cfg, self.down, self.down_norm, h, x), cache, None
         x, stats = layers.project_add(cfg, self.down, h, x)
