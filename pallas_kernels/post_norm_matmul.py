@@ -173,8 +173,9 @@ def _kernel(
         refs = EpilogueRefs(
             kind=kind, eps=eps, config=config, exchange=exchange, has_bias=has_bias,
             has_scale=has_scale, has_norm_bias=has_norm_bias, has_residual=has_residual,
-            residual_after=residual_after, whole_tiles=whole_tiles, dtype=dtype, vec_names=[name for _, name in vectors],
-            vec_smem=vec_smem, vec_copies=vec_copies, vec_barrier=vec_barrier,
+            residual_after=residual_after, whole_tiles=whole_tiles, dtype=dtype,
+            vec_names=[name for _, name in vectors], vec_smem=vec_smem, vec_copies=vec_copies,
+            vec_barrier=vec_barrier,
             io_barrier=io_barrier, ex_scratch=ex_scratch, stats_gmem=stats_gmem,
             h_gmem=h_gmem, y_gmem=y_gmem, semaphores=semaphores)
 

@@ -108,17 +108,23 @@ def test_post_norm_residual_returns_sum():
                     residual=res) <= 1.0
 
 
+def _gemma_post_norm_inputs(op: str, residual_name: str, seed: int) -> dict:
+    """6 x 32 -> 24 with a bias, small scales under Gemma's 1 + g, and a residual."""
+    rng = np.random.default_rng(seed)
+    inputs = dict(x=_rng_rows(6, 32, seed=3), kernel=_rng_rows(32, 24, seed=4),
+                  bias=rng.standard_normal(24).astype(np.float32),
+                  scale=(0.1 * rng.standard_normal(24)).astype(np.float32), scale_offset=1.0,
+                  **{residual_name: _rng_rows(6, 24, seed=5)})
+    if op == "dense_layer_norm":
+        inputs["norm_bias"] = rng.standard_normal(24).astype(np.float32)
+    return inputs
+
+
 @pytest.mark.parametrize("op", ["dense_rms_norm", "dense_layer_norm"])
 def test_residual_after_adds_the_residual_after_the_norm(op):
     """r + Norm(x @ W + b) (Gemma 2/3, OLMo 2): one output, values and gradients (dr = dy)
     against float64; the before-the-norm form's output fails the same judge."""
-    rng = np.random.default_rng(11)
-    inputs = dict(x=_rng_rows(6, 32, seed=3), kernel=_rng_rows(32, 24, seed=4),
-                  bias=rng.standard_normal(24).astype(np.float32),
-                  scale=(0.1 * rng.standard_normal(24)).astype(np.float32), scale_offset=1.0,
-                  residual_after=_rng_rows(6, 24, seed=5))
-    if op == "dense_layer_norm":
-        inputs["norm_bias"] = rng.standard_normal(24).astype(np.float32)
+    inputs = _gemma_post_norm_inputs(op, "residual_after", seed=11)
     assert check_op(op, "xla", **inputs) <= 1.0
     assert check_grad(op, "xla", **inputs) <= 1.0
     before = dict(inputs, residual=inputs.pop("residual_after"))
@@ -151,13 +157,7 @@ def test_residual_and_residual_after_are_one_or_the_other():
 def test_post_norm_scale_offset_is_gemmas_gain(op):
     """scale_offset=1 with small scales: y uses (1 + scale); values and gradients (scale's
     included) against the float64 reference."""
-    rng = np.random.default_rng(9)
-    inputs = dict(x=_rng_rows(6, 32, seed=3), kernel=_rng_rows(32, 24, seed=4),
-                  bias=rng.standard_normal(24).astype(np.float32),
-                  scale=(0.1 * rng.standard_normal(24)).astype(np.float32), scale_offset=1.0,
-                  residual=_rng_rows(6, 24, seed=5))
-    if op == "dense_layer_norm":
-        inputs["norm_bias"] = rng.standard_normal(24).astype(np.float32)
+    inputs = _gemma_post_norm_inputs(op, "residual", seed=9)
     assert check_op(op, "xla", **inputs) <= 1.0
     assert check_grad(op, "xla", **inputs) <= 1.0
 

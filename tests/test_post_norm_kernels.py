@@ -1,4 +1,5 @@
-"""Post-norm GEMM (Norm(x @ W + b [+ residual]), or r + Norm(x @ W + b)) under the Mosaic GPU interpreter, race-checked.
+"""Post-norm GEMM (Norm(x @ W + b [+ residual]), or r + Norm(x @ W + b)) under the Mosaic
+GPU interpreter, race-checked.
 
 Each CTA of a cluster computes part of the output row block; only per-row
 statistics cross CTAs (through global scratch here, DSMEM on the GPU). Sizes
