@@ -272,7 +272,7 @@ def _kernel(x_gmem, wg_gmem, wu_gmem, row_gmem, *refs, config: TuningConfig, act
 
                 _epilogue(acc_g, acc_u, wg_idx=wg_idx, out_smem=out_smem, store=store,
                           row_scale=row_scale, biases=biases, act=act, config=config,
-                          out_dtype=out_dtype)
+                          out_dtype=out_dtype, ragged=n % cta_tile_n != 0)
                 # Release this tile's vectors; the fence orders the reads above before the
                 # TMA writes that will refill the buffer.
                 plgpu.commit_smem()
@@ -287,9 +287,10 @@ def _kernel(x_gmem, wg_gmem, wu_gmem, row_gmem, *refs, config: TuningConfig, act
 
 
 def _epilogue(acc_g: Array, acc_u: Array, *, wg_idx, out_smem, store, row_scale, biases: list,
-              act, config: TuningConfig, out_dtype) -> None:
+              act, config: TuningConfig, out_dtype, ragged: bool) -> None:
     """y = act(r acc_g + b_g) * (r acc_u + b_u) in float32 on one warpgroup's tile, stored
-    in (epi_m x epi_n) pieces through two alternating SMEM slots."""
+    in (epi_m x epi_n) pieces through two alternating SMEM slots. `ragged`: pieces past N
+    are skipped, so each piece waits for every earlier store (not just the one before)."""
     tile_m, tile_n = config.tile_m, config.tile_n
     epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
     row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -313,7 +314,7 @@ def _epilogue(acc_g: Array, acc_u: Array, *, wg_idx, out_smem, store, row_scale,
             y = act(g) * u
             slot = (mi * n_pieces + ni) % 2
             # The store issued two pieces ago read this slot; wait until it has.
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            plgpu.wait_smem_to_gmem(0 if ragged else 1, wait_read_only=True)
             out_smem[wg_idx, slot] = y.astype(out_dtype)
             # Make the generic-proxy SMEM writes visible to the TMA engine.
             plgpu.commit_smem()

@@ -96,6 +96,7 @@ def epilogue(
     residual: ResidualPieces | None,
     config: TuningConfig,
     out_dtype,
+    ragged: bool = False,
 ) -> None:
     """y = scale * acc - shift * c + b (+ residual) on one warpgroup's tile, stored in
     (epi_m x epi_n) pieces.
@@ -104,6 +105,8 @@ def epilogue(
     ([tile_n]) to SMEM refs; `row_stats` is (SMEM [2, tile_m], GMEM
     destinations) for the per-row (sum, M2) of the float32 y over the tile's
     columns: two-pass per piece, Chan-combined across pieces (docs/design.md).
+    `ragged`: some pieces lie wholly past N and `store` skips them, so a slot's previous
+    store is not the one before last: every piece waits for all stores.
     """
     tile_m, tile_n = config.tile_m, config.tile_n
     epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
@@ -145,7 +148,7 @@ def epilogue(
             slot = p % slots
             if residual is None:
                 # The store issued two pieces ago read this slot; wait until it has.
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                plgpu.wait_smem_to_gmem(0 if ragged else 1, wait_read_only=True)
             out_smem[wg_idx, slot] = y.astype(out_dtype)
             # Make the generic-proxy SMEM writes visible to the TMA engine.
             plgpu.commit_smem()

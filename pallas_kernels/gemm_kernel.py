@@ -321,6 +321,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                     residual=residual,
                     config=config,
                     out_dtype=out_dtype,
+                    ragged=any(n % cta_tile_n for n in weights_n),
                 )
                 # Release this tile's vectors; the fence orders the reads above
                 # before the TMA writes that will refill the buffer.

@@ -18,6 +18,8 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 from kernel_checks import assert_race_free
+from jaxnorm import row_stats
+from pallas_kernels import gemm_config
 from pallas_kernels import lazy_norm_matmul as lz
 from pallas_kernels import plain_matmul as pm
 from pallas_kernels.errors import Unsupported
@@ -89,12 +91,15 @@ def test_lazy_rms_matmul_with_a_cluster(case, request):
                                      interpret=True)
     assert_race_free()
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
-    for y, (row_sum, row_sumsq) in zip(outs, stats):
+    config = _config(cluster)
+    for y, n, (row_sum, row_m2) in zip(outs, ns, stats):
         y64 = ref.f64(y)
         np.testing.assert_allclose(np.sum(row_sum, axis=0)[:m], y64.sum(1),
                                    atol=2**-7 * np.abs(y64).sum(1).max())
-        np.testing.assert_allclose(np.sum(row_sumsq, axis=0)[:m], (y64 * y64).sum(1),
-                                   rtol=2**-6)
+        # The partials are (sum, M2 about the part's mean): Chan-combined, M2 of the row.
+        _, m2 = row_stats.from_partials(row_sum, row_m2, gemm_config.part_columns(n, config))
+        centred = y64 - y64.mean(1, keepdims=True)
+        np.testing.assert_allclose(np.asarray(m2)[:m], (centred * centred).sum(1), rtol=2**-6)
 
 
 @pytest.mark.parametrize("cluster, m, ns, reason", [
