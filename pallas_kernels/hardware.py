@@ -32,10 +32,11 @@ INTERPRET_MAX_CLUSTER = 2
 
 
 def num_sms() -> int:
-    """SMs of the GPU the kernels run on: the abstract mesh's device when lowering under one,
-    else the attached GPU's, else the H200's (lowering for "cuda" from a CPU host)."""
+    """SMs of the GPU the kernels run on: the abstract mesh's device when lowering under one
+    that knows its cores, else the attached GPU's, else the H200's (lowering for "cuda" from
+    a CPU host, or interpreting inside shard_map over CPU devices)."""
     abstract_device = jax.sharding.get_abstract_mesh().abstract_device
-    if abstract_device is not None:
+    if abstract_device is not None and abstract_device.num_cores is not None:
         return abstract_device.num_cores
     device = jax.devices()[0]
     if device.platform == "gpu":
