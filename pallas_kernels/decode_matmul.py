@@ -24,7 +24,7 @@ floats: small at decode). Knobs and selection: pallas_kernels/decode_config.py.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.experimental.pallas as pl
@@ -36,7 +36,7 @@ from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes, decode_config,
                                           epi_tile_n, split_bounds, units)
 from pallas_kernels.gemm_config import padded_rows
-from pallas_kernels.gemm_kernel import _swizzled, grid_ctas
+from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import crop_rows, pad_rows
 
@@ -72,14 +72,7 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
         lo, hi = split_bounds(s, k_iters, split)
         return tile, s, lo, hi - lo
 
-    def for_weight(tile, fn: Callable[[int, Array], None]) -> None:
-        """fn(weight index, local N tile) for the weight that owns global N tile `tile`."""
-        if num_weights == 1:
-            fn(0, tile)
-            return
-        for i in range(num_weights):
-            lo, hi = n_starts[i], n_starts[i] + n_tiles[i]
-            pl.when((tile >= lo) & (tile < hi))(functools.partial(fn, i, tile - lo))
+    owner = functools.partial(for_weight, n_starts, n_tiles)
 
     scratch = dict(
         a_smem=_swizzled((stages, MAX_ROWS, tile_k), dtype, tile_k),
@@ -123,7 +116,7 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                         plgpu.copy_gmem_to_smem(bias_gmems[i].at[pl.ds(local_n * cta_n, cta_n)],
                                                 bias_smem.at[parity], vec_ready.at[parity])
 
-                    for_weight(tile, load_bias)
+                    owner(tile, load_bias)
 
                 def issue(i, local_n):
                     @pl.loop(0, k_steps)
@@ -142,21 +135,14 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                             w_gmems[i].at[k_slice, pl.ds(local_n * cta_n, cta_n)],
                             b_smem.at[slot], produced.at[slot])
 
-                for_weight(tile, issue)
+                owner(tile, issue)
                 return step0 + k_steps, loop_info.local_index + 1
 
             total_steps, local_units = totals
 
-            # Observe the consumers' last releases, so that no barrier phase is left
-            # unobserved when the CTA exits.
-            @pl.loop(jnp.maximum(total_steps - stages, 0), total_steps)
-            def _drain(step):
-                plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
-
+            drain_releases(consumed, total_steps, stages)
             if has_bias:
-                @pl.loop(jnp.maximum(local_units - 2, 0), local_units)
-                def _drain_vectors(t):
-                    plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
+                drain_releases(vec_free, local_units, 2)
 
         def mma_warpgroup():
             # Registers per thread: at most 2 x 232 + 40 (memory) = 504 <= 512.
@@ -204,7 +190,7 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                                                             pl.ds(local_n * cta_n + wg_n0 + c,
                                                                   epi_n)])
 
-                    for_weight(tile, copy)
+                    owner(tile, copy)
 
                 # Columns of this tile inside its weight: pieces past them are skipped whole
                 # (their TMA stores wrote over valid columns on the H200, docs/mosaic-notes.md).

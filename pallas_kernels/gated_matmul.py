@@ -40,7 +40,7 @@ from pallas_kernels import hardware
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gemm_config import (MatmulDimension, TuningConfig, check_shapes,
                                         default_config, padded_rows)
-from pallas_kernels.gemm_kernel import _swizzled, grid_ctas
+from pallas_kernels.gemm_kernel import _swizzled, drain_releases, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import crop_rows, pad_rows
 
@@ -208,17 +208,8 @@ def _kernel(x_gmem, wg_gmem, wu_gmem, row_gmem, *refs, config: TuningConfig, act
 
                 return carry + k_iters
 
-            # Observe the consumers' last releases so that no barrier phase is left
-            # unobserved when the CTA exits.
-            @pl.loop(jnp.maximum(total_steps - steps, 0), total_steps)
-            def _drain(step):
-                plgpu.barrier_wait(consumed.at[lax.rem(step, steps)])
-
-            local_tiles = total_steps // k_iters
-
-            @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
-            def _drain_vectors(t):
-                plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
+            drain_releases(consumed, total_steps, steps)
+            drain_releases(vec_free, total_steps // k_iters, 2)
 
         def mma_warpgroup():
             # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.

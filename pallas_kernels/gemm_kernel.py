@@ -59,6 +59,25 @@ def _n_tiles(weights: Sequence[jax.ShapeDtypeStruct | Array], cta_tile_n: int) -
     return [pl.cdiv(w.shape[1], cta_tile_n) for w in weights]
 
 
+def for_weight(n_starts: Sequence[int], n_tiles: Sequence[int], tile, fn) -> None:
+    """Run fn(weight index, local N tile) for the weight that owns global N tile `tile` (the
+    weights' tiles concatenated: weight i owns [n_starts[i], n_starts[i] + n_tiles[i]))."""
+    if len(n_tiles) == 1:
+        fn(0, tile)
+        return
+    for i, (lo, count) in enumerate(zip(n_starts, n_tiles)):
+        pl.when((tile >= lo) & (tile < lo + count))(functools.partial(fn, i, tile - lo))
+
+
+def drain_releases(barriers, total: Array, depth: int) -> None:
+    """Wait on the last `depth` releases of a ring of `depth` barriers, so that no barrier
+    phase is left unobserved when the CTA exits (`total` releases issued so far)."""
+
+    @pl.loop(jnp.maximum(total - depth, 0), total)
+    def _drain(i):
+        plgpu.barrier_wait(barriers.at[lax.rem(i, depth)])
+
+
 def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
     """SMEM tile with the widest swizzle that `width` columns allow (what wgmma and TMA want)."""
     swizzle = plgpu.find_swizzle(width * jnp.dtype(dtype).itemsize * 8)
@@ -120,14 +139,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         """An operand load's collective axes: the cluster's if it lies along `dimension`."""
         return ("cluster",) if cluster == dimension else None
 
-    def for_weight(n_idx, fn):
-        """Run fn(weight index, local N tile) for the weight that owns global N tile n_idx."""
-        if num_weights == 1:
-            fn(0, n_idx)
-            return
-        for i in range(num_weights):
-            lo, hi = n_starts[i], n_starts[i] + n_tiles[i]
-            pl.when((n_idx >= lo) & (n_idx < hi))(functools.partial(fn, i, n_idx - lo))
+    owner = functools.partial(for_weight, n_starts, n_tiles)
 
     scratch = dict(
         a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
@@ -192,7 +204,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                                 vec_ready.at[parity],
                             )
 
-                    for_weight(n_idx, load_columns)
+                    owner(n_idx, load_columns)
 
                 def issue(i, local_n):
                     @pl.loop(0, k_iters)
@@ -221,21 +233,12 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                             collective_axes=shared(MatmulDimension.M),
                         )
 
-                for_weight(n_idx, issue)
+                owner(n_idx, issue)
                 return carry + k_iters
 
-            # Observe the consumers' last releases so that no barrier phase is
-            # left unobserved when the CTA exits.
-            @pl.loop(jnp.maximum(total_steps - steps, 0), total_steps)
-            def _drain(step):
-                plgpu.barrier_wait(consumed.at[lax.rem(step, steps)])
-
+            drain_releases(consumed, total_steps, steps)
             if num_vectors:
-                local_tiles = total_steps // k_iters
-
-                @pl.loop(jnp.maximum(local_tiles - 2, 0), local_tiles)
-                def _drain_vectors(t):
-                    plgpu.barrier_wait(vec_free.at[lax.rem(t, 2)])
+                drain_releases(vec_free, total_steps // k_iters, 2)
 
         def mma_warpgroup():
             # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
@@ -301,7 +304,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                                 ],
                             )
 
-                    for_weight(n_idx, copy)
+                    owner(n_idx, copy)
 
                 row_stats = None
                 if stats_out_gmems is not None:
