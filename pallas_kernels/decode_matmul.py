@@ -13,7 +13,8 @@ concatenated N of all weights (q/k/v or gate/up in one launch); with
                        output, so every element is written by one unit (race-free).
     warpgroup W        memory: TMA the row scale once and each unit's bias tile
                        (double-buffered, `vec_ready`/`vec_free`), and per K step the
-                       [64, tile_k] x tile (rows past M: TMA zero-fill) and the
+                       [x_box, tile_k] x tile (M rounded up to 8 rows, `x_box_rows`;
+                       rows past M: TMA zero-fill) and the
                        [tile_k, W * tile_n] weight tile into the next of `stages` slots.
 
 A step counter runs across a CTA's units, so the pipeline never drains between
@@ -35,10 +36,9 @@ from jax import lax
 from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes, decode_config,
                                           epi_tile_n, split_bounds, units)
-from pallas_kernels.gemm_config import padded_rows
 from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
-from pallas_kernels.padding import crop_rows, pad_rows
+from pallas_kernels.padding import round_up
 
 __all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense",
            "lazy_rms_decode_matmul"]
@@ -46,7 +46,14 @@ __all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense",
 Array = jax.Array
 
 
-def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
+def x_box_rows(m: int) -> int:
+    """Rows of x's TMA box and of the output stores: M rounded up to the 8-row swizzle
+    atom. The wgmma still multiplies 64 rows; rows past the box hold stale SMEM and only
+    reach output rows that are never stored."""
+    return min(MAX_ROWS, round_up(m, 8))
+
+
+def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool, x_box: int):
     refs = list(refs)
     split = config.split_k
     num_weights = len(n_tiles)
@@ -97,7 +104,8 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
         def memory_warpgroup():
             plgpu.set_max_registers(40, action="decrease")
             if split == 1:
-                plgpu.copy_gmem_to_smem(row_gmem.at[pl.ds(0, MAX_ROWS)], row_smem, row_ready)
+                plgpu.copy_gmem_to_smem(row_gmem.at[pl.ds(0, x_box)], row_smem.at[pl.ds(0, x_box)],
+                                        row_ready)
 
             @plgpu.nd_loop((n_units,), collective_axes="sm",
                            init_carry=(jnp.int32(0), jnp.int32(0)))
@@ -129,8 +137,9 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                             plgpu.barrier_wait(consumed.at[slot])
 
                         k_slice = pl.ds((k_lo + j) * tile_k, tile_k)
-                        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, MAX_ROWS), k_slice],
-                                                a_smem.at[slot], produced.at[slot])
+                        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, x_box), k_slice],
+                                                a_smem.at[slot, pl.ds(0, x_box)],
+                                                produced.at[slot])
                         plgpu.copy_gmem_to_smem(
                             w_gmems[i].at[k_slice, pl.ds(local_n * cta_n, cta_n)],
                             b_smem.at[slot], produced.at[slot])
@@ -186,9 +195,9 @@ def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool):
                 def store(src, c):
                     def copy(i, local_n):
                         dst = out_gmems[i] if split == 1 else out_gmems[i].at[s]
-                        plgpu.copy_smem_to_gmem(src, dst.at[pl.ds(0, MAX_ROWS),
-                                                            pl.ds(local_n * cta_n + wg_n0 + c,
-                                                                  epi_n)])
+                        plgpu.copy_smem_to_gmem(src.at[pl.ds(0, x_box)],
+                                                dst.at[pl.ds(0, x_box),
+                                                       pl.ds(local_n * cta_n + wg_n0 + c, epi_n)])
 
                     owner(tile, copy)
 
@@ -242,7 +251,7 @@ def _epilogue(acc: Array, out_smem, store, cols_left: Array, *, row_smem, bias, 
 
 
 def _build(x: Array, weights: Sequence[Array], *, config: DecodeConfig, has_bias: bool,
-           interpret: bool):
+           interpret: bool, x_box: int = MAX_ROWS):
     m = x.shape[0]
     n_tiles = [pl.cdiv(w.shape[1], config.cta_tile_n) for w in weights]
     if config.split_k == 1:
@@ -252,7 +261,8 @@ def _build(x: Array, weights: Sequence[Array], *, config: DecodeConfig, has_bias
                      for w in weights]
     n_units = units(config, [w.shape[1] for w in weights])
     return plgpu.kernel(
-        functools.partial(_kernel, config=config, n_tiles=n_tiles, has_bias=has_bias),
+        functools.partial(_kernel, config=config, n_tiles=n_tiles, has_bias=has_bias,
+                          x_box=x_box),
         out_type=tuple(out_types),
         grid=(min(grid_ctas(interpret), n_units),),
         grid_names=("sm",),
@@ -292,16 +302,16 @@ def lazy_rms_decode_matmul(
     bias32 = [jnp.zeros((n,), jnp.float32) if b is None else b.astype(jnp.float32)
               for b, n in zip(biases, ns)]
     has_bias = any(b is not None for b in biases)
-    x_rows = pad_rows(x, padded_rows(m))
+    # x and the outputs keep their M rows: TMA zero-fills the box's rows past M on loads and
+    # drops them on stores.
+    build = functools.partial(_build, x, weights, config=config, interpret=interpret,
+                              x_box=x_box_rows(m))
     if config.split_k == 1:
-        vectors = [pad_rows(row_scale, x_rows.shape[0])] + (bias32 if has_bias else [])
-        outs = _build(x_rows, weights, config=config, has_bias=has_bias, interpret=interpret)(
-            x_rows, *weights, *vectors)
-        return tuple(crop_rows(y, m) for y in outs)
-    partials = _build(x_rows, weights, config=config, has_bias=False, interpret=interpret)(
-        x_rows, *weights)
+        vectors = [row_scale] + (bias32 if has_bias else [])
+        return build(has_bias=has_bias)(x, *weights, *vectors)
+    partials = build(has_bias=False)(x, *weights)
     return tuple(
-        (jnp.sum(p[:, :m], axis=0) * row_scale[:, None] + b[None, :]).astype(x.dtype)
+        (jnp.sum(p, axis=0) * row_scale[:, None] + b[None, :]).astype(x.dtype)
         for p, b in zip(partials, bias32)
     )
 
