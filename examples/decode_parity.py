@@ -1,8 +1,8 @@
 """Stale-buffer safety: greedy decoding through the Mosaic kernels must match the xla path.
 
-    python examples/decode_parity.py [--impl mosaic] [--steps 256]
+    python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3]
 
-A small 2-layer Llama-style model in bfloat16 whose norm + projections
+A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings) in bfloat16 whose norm + projections
 (q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
 the same parameters with impl="xla", after a short float32 training on a
 deterministic task so greedy choices are not rounding-level ties. Both decode greedily; the tokens must be
@@ -41,13 +41,17 @@ def successor_batch(key: jax.Array, batch: int, length: int) -> jax.Array:
     return jnp.concatenate(tokens, axis=1)
 
 
-def build(impl: str, train_steps: int) -> tuple[models.Transformer, models.Transformer]:
+FAMILIES = {"llama": models.llama, "qwen3": models.qwen3}
+
+
+def build(impl: str, train_steps: int,
+          family: str = "llama") -> tuple[models.Transformer, models.Transformer]:
     """Train in float32 (xla) until predictions are confident, then two bfloat16 copies.
 
     A random model's logits sit within bf16 rounding of each other, so greedy
     ties would flip on rounding alone; a trained model's margins do not.
     """
-    cfg = models.llama(vocab_size=VOCAB, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+    cfg = FAMILIES[family](vocab_size=VOCAB, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
                        head_dim=64, d_ff=512, impl="xla")
     model = models.Transformer(cfg, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
@@ -64,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--family", default="llama", choices=sorted(FAMILIES))
     args = parser.parse_args(argv)
-    print(f"device: {jax.devices()[0].device_kind}; kernel path impl={args.impl}")
+    print(f"device: {jax.devices()[0].device_kind}; {args.family}-style model; "
+          f"kernel path impl={args.impl}")
 
-    kernel_model, xla_model = build(args.impl, args.train_steps)
+    kernel_model, xla_model = build(args.impl, args.train_steps, args.family)
     prompt = successor_batch(jax.random.key(10_000), args.batch, 8)
     start = time.perf_counter()
     kernel_tokens = np.asarray(models.greedy_decode(kernel_model, prompt, args.steps))

@@ -4,6 +4,7 @@
 #   bash scripts/h200.sh gemm-c gemm-d others         # second call
 #   bash scripts/h200.sh post-norm                    # the post-norm kernel alone
 #   bash scripts/h200.sh kernels doctor hf-parity     # kernel checks, the doctor, checkpoints
+#   ONLY=gated,residual KERNELS_LIMIT=120 bash scripts/h200.sh kernels decode-box post-after parity
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
@@ -46,7 +47,14 @@ for name in "$@"; do
       stage verify_post 120 python3 -m verify --impl mosaic --examples 3 --max-k 2048 \
         --no-identities --ops dense_rms_norm dense_layer_norm
       bench post_norm 110 --suite post-norm --quick ;;
-    kernels) stage check_kernels 200 env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
+    kernels) stage check_kernels "${KERNELS_LIMIT:-200}" env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
+    decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
+    post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
+    parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped
+      for family in llama qwen3; do
+        stage "parity_$family" 75 python3 examples/decode_parity.py --impl mosaic --steps 256 \
+          --family "$family"
+      done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench model "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
