@@ -190,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--configs", type=int, default=4,
                         help="configs per shape at most, the model's pick first")
+    parser.add_argument("--rows", type=lambda s: tuple(int(v) for v in s.split(",")),
+                        default=ROWS, help="M values, e.g. 1,64 (default: 1,8,16,64)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
     args = parser.parse_args(argv)
+    if any(not 1 <= m <= dc.MAX_ROWS for m in args.rows):
+        parser.error(f"--rows must lie in [1, {dc.MAX_ROWS}]; got {args.rows}")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     interpret = args.smoke
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     sms = 4 if args.smoke else jax.devices()[0].core_count
     copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
     shapes = [(m, k, n) for k, n in (SMOKE_SHAPES if args.smoke else SHAPES)
-              for m in (SMOKE_ROWS if args.smoke else ROWS)]
+              for m in (SMOKE_ROWS if args.smoke else args.rows)]
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke,
                                    copy_tb_s=copy_bw / 1e12 if copy_bw else None,
                                    budget_s=args.budget_s, rows=[], skipped=[])

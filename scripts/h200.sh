@@ -48,6 +48,8 @@ for name in "$@"; do
         --no-identities --ops dense_rms_norm dense_layer_norm
       bench post_norm 110 --suite post-norm --quick ;;
     kernels) stage check_kernels "${KERNELS_LIMIT:-200}" env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
+    decode-sweep) stage decode_sweep 230 python3 -m bench.decode_gemm --rows 1,64 --budget-s 210 \
+                    --out "$WORK/decode_sweep" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped
