@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m bench.decode_gemm --out $OUT [--budget-s 200]   # H200
     PYTHONPATH=. python -m bench.decode_gemm --smoke --out /tmp/d          # CPU, interpreter
+    python -m bench.decode_gemm --write-table $OUT/decode-gemm.json --run-commit C  # the table
 
 Per shape (M x K x N; M = 1, 8, 16, 64): XLA's bf16 `x @ w` (cuBLAS) and our
 decode kernel (row scale in the epilogue, `r` given) over a handful of configs:
@@ -30,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bench import report, timing
+from bench import decode_table_writer, report, timing
 from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_matmul as dm
 
@@ -44,6 +45,7 @@ COPY_BYTES, SMOKE_COPY_BYTES = 512 * 2**20, 2**20
 # |ours - XLA float32| <= TOLERANCE * (|ref| + rms(ref)): bf16 rounding of the output is 2^-9.
 TOLERANCE = 2**-7
 ROUNDS = 2
+TABLE_PATH = Path(dc.__file__).with_name("decode_configs.py")
 
 
 def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
@@ -194,7 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                         default=ROWS, help="M values, e.g. 1,64 (default: 1,8,16,64)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
+    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path,
+                        help="write pallas_kernels/decode_configs.py from a GPU run's JSON")
+    parser.add_argument("--run-command", default="python -m bench.decode_gemm",
+                        help="with --write-table: the command that produced the JSON")
+    parser.add_argument("--run-commit", default="unknown",
+                        help="with --write-table: the commit the run measured")
     args = parser.parse_args(argv)
+    if args.write_table:
+        print(decode_table_writer.write_table(args.write_table, TABLE_PATH,
+                                              command=args.run_command, commit=args.run_commit))
+        return 0
     if any(not 1 <= m <= dc.MAX_ROWS for m in args.rows):
         parser.error(f"--rows must lie in [1, {dc.MAX_ROWS}]; got {args.rows}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
     shapes = [(m, k, n) for k, n in (SMOKE_SHAPES if args.smoke else SHAPES)
               for m in (SMOKE_ROWS if args.smoke else args.rows)]
-    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke,
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    copy_tb_s=copy_bw / 1e12 if copy_bw else None,
                                    budget_s=args.budget_s, rows=[], skipped=[])
     # Pass 1: the model's pick at every shape; pass 2: the alternatives, while the budget lasts.

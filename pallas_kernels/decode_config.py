@@ -5,22 +5,25 @@ the bandwidth the SMs pull together. `decode_config` picks the tiles and the
 K split with a model of that (`modelled_seconds`): every SM's share of the work
 units, each SM's rate capped by its bytes in flight (stages x weight tile over a
 load latency) and by its wgmma time, the HBM bandwidth shared among the SMs still
-busy, plus the split-K reduction's traffic and launch. The constants are a model,
-not measurements: bench/decode_gemm.py measures configs against cuBLAS, and its
-results are what should replace the picks.
+busy, plus the split-K reduction's traffic and launch. The model's constants are not
+measurements; where bench/decode_gemm.py has measured a nearby shape on this GPU, its
+fastest config (pallas_kernels/decode_configs.py) is taken instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.experimental.pallas as pl
 
-from pallas_kernels import gemm_config, hardware
+from pallas_kernels import decode_configs, gemm_config, hardware
 from pallas_kernels.errors import Unsupported
+from pallas_kernels.padding import round_up
 
 # The rows of one wgmma (and of the x tile): decode's M is padded to it by TMA zero-fill.
 MAX_ROWS = 64
@@ -55,6 +58,13 @@ class DecodeConfig:
     @property
     def cta_tile_n(self) -> int:
         return self.tile_n * self.warpgroups
+
+
+def x_box_rows(m: int) -> int:
+    """Rows of x's TMA box and of the output stores: M rounded up to the 8-row swizzle
+    atom. The wgmma still multiplies 64 rows; rows past the box hold stale SMEM and only
+    reach output rows that are never stored."""
+    return min(MAX_ROWS, round_up(m, 8))
 
 
 def epi_tile_n(split_k: int, itemsize: int) -> int:
@@ -152,14 +162,49 @@ def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12) -> Decode
     raise Unsupported(f"{config}: not even two stages fit in shared memory")
 
 
+# A measured config serves launches within this distance of its shape in log2(x_box rows,
+# K, total N): a factor of 2 along one dimension.
+TABLE_RADIUS_LOG2 = 1.0
+
+
+class MeasuredEntry(NamedTuple):
+    shape: tuple[int, int, int]
+    config: DecodeConfig
+    ratio_to_cublas: float
+
+
+def measured_entry(m: int, k: int, ns: Sequence[int], *, sms: int,
+                   itemsize: int = 2) -> MeasuredEntry | None:
+    """The (shape, config, its measured time / cuBLAS's) of the table entry nearest the launch
+    (pallas_kernels/decode_configs.py), if within TABLE_RADIUS_LOG2, measured on a GPU of
+    `sms` SMs in 2-byte types, and valid for this launch's K; else None."""
+    if itemsize != 2 or not decode_configs.ENTRIES or decode_configs.PROVENANCE.get("sms") != sms:
+        return None
+
+    def point(m: int, k: int, n: int) -> tuple[float, float, float]:
+        return math.log2(x_box_rows(m)), math.log2(k), math.log2(n)
+
+    here = point(m, k, sum(ns))
+    shape, fields, ratio = min(decode_configs.ENTRIES,
+                               key=lambda entry: math.dist(here, point(*entry[0])))
+    config = DecodeConfig(**fields)
+    if math.dist(here, point(*shape)) > TABLE_RADIUS_LOG2 or config.split_k > k // 64:
+        return None
+    return MeasuredEntry(shape, config, ratio)
+
+
 def decode_config(
     m: int, k: int, ns: Sequence[int], *, sms: int = hardware.H200_SMS, itemsize: int = 2
 ) -> DecodeConfig:
-    """The modelled-fastest config for an [m, k] x [k, N_i] launch (M <= 64).
+    """The config for an [m, k] x [k, N_i] launch (M <= 64): the measured table's nearest
+    entry (`measured_entry`), else the modelled-fastest.
 
-    Candidates: one warpgroup with 64-, 128- or 256-column tiles, K split 1..16
+    Model candidates: one warpgroup with 64-, 128- or 256-column tiles, K split 1..16
     ways, each with the deepest pipeline that fits. Ties go to fewer splits.
     """
+    entry = measured_entry(m, k, ns, sms=sms, itemsize=itemsize)
+    if entry is not None:
+        return entry.config
     return _decode_config(m, k, tuple(ns), sms, itemsize)
 
 

@@ -35,22 +35,14 @@ from jax import lax
 
 from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes, decode_config,
-                                          epi_tile_n, split_bounds, units)
+                                          epi_tile_n, split_bounds, units, x_box_rows)
 from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
-from pallas_kernels.padding import round_up
 
 __all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense",
            "lazy_rms_decode_matmul"]
 
 Array = jax.Array
-
-
-def x_box_rows(m: int) -> int:
-    """Rows of x's TMA box and of the output stores: M rounded up to the 8-row swizzle
-    atom. The wgmma still multiplies 64 rows; rows past the box hold stale SMEM and only
-    reach output rows that are never stored."""
-    return min(MAX_ROWS, round_up(m, 8))
 
 
 def _kernel(*refs, config: DecodeConfig, n_tiles: list[int], has_bias: bool, x_box: int):

@@ -15,7 +15,9 @@ import pytest
 
 from jaxnorm.backends import mosaic_dense
 from kernel_checks import assert_race_free
+from bench import decode_table_writer
 from pallas_kernels import decode_config as dc
+from pallas_kernels import decode_configs
 from pallas_kernels import decode_matmul as dm
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
@@ -88,18 +90,56 @@ def test_op_serves_decode_rows_with_the_decode_kernel(rng, monkeypatch):
     assert calls
 
 
-def test_automatic_dispatch_declines_decode_with_the_measurement():
+def _decline(m: int, k: int, ns: tuple[int, ...]) -> str | None:
     s = jax.ShapeDtypeStruct
-    reason = mosaic_dense._decline_rms_norm_dense(s((16, 4096), BF16), None,
-                                                  (s((4096, 6144), BF16),), (None,))
-    assert "decode GEMM" in reason and "cuBLAS" in reason and "impl='mosaic'" in reason
+    kernels = tuple(s((k, n), BF16) for n in ns)
+    return mosaic_dense._decline_rms_norm_dense(s((m, k), BF16), None, kernels, (None,) * len(ns))
+
+
+def test_automatic_dispatch_follows_the_measured_table():
+    """Used where the nearest measured shape ran at or under cuBLAS, declined with the figure
+    where it ran slower, declined as unmeasured far from every measured shape."""
+    faster = [e for e in decode_configs.ENTRIES if e[2] <= 1.0]
+    slower = [e for e in decode_configs.ENTRIES if e[2] > 1.0]
+    assert faster and slower
+    for (m, k, n), _, _ in faster:
+        assert _decline(m, k, (n,)) is None
+    for (m, k, n), _, ratio in slower:
+        reason = _decline(m, k, (n,))
+        assert f"{ratio:.3f}x cuBLAS" in reason and "impl='mosaic'" in reason
+    assert "no measured shape nearby" in _decline(4, 256, (256,))
+
+
+def test_table_entry_serves_nearby_launches_and_the_model_the_rest():
+    (m, k, n), fields, ratio = decode_configs.ENTRIES[0]
+    assert dm.decode_config(m, k, (n,)) == dc.DecodeConfig(**fields)
+    # Same box rows (M = 1 and 8 both load an 8-row box), N split over two weights.
+    entry = dc.measured_entry(8 if m == 1 else m, k, (n // 2, n - n // 2), sms=132)
+    assert entry.config == dc.DecodeConfig(**fields) and entry.ratio_to_cublas == ratio
+    assert dc.measured_entry(m, k, (n,), sms=100) is None  # another GPU's table
+    assert dm.decode_config(4, 256, (256,)) == dc._decode_config(4, 256, (256,), 132, 2)
+
+
+def test_table_writer_round_trips_a_run(tmp_path):
+    doc = dict(smoke=False, sms=132, rows=[dict(
+        shape=[1, 512, 1024], best="n64 s2 st12", ratio=0.95,
+        configs=[dict(label="n64 s2 st12", config=dict(tile_n=64, tile_k=64, split_k=2,
+                                                        stages=12, warpgroups=1))])],
+        environment=dict(date_utc="2026-12-01T00:00:00+00:00", devices=["NVIDIA H200"]))
+    source = decode_table_writer.table_source(doc, "python -m bench.decode_gemm", "abc1234")
+    namespace: dict = {}
+    exec(compile(source, "decode_configs.py", "exec"), namespace)
+    assert namespace["PROVENANCE"]["commit"] == "abc1234"
+    assert namespace["ENTRIES"] == (((1, 512, 1024), doc["rows"][0]["configs"][0]["config"], 0.95),)
+    with pytest.raises(ValueError, match="smoke"):
+        decode_table_writer.table_source(dict(doc, smoke=True), "", "")
 
 
 @pytest.mark.parametrize("m", [1, 8, 16, 64])
 @pytest.mark.parametrize("k, ns", [(4096, (6144,)), (8192, (2048,)), (2048, (128256,)),
                                    (2048, (2048, 512, 512)), (4096, (14336, 14336))])
-def test_selection_is_valid_and_no_slower_than_its_alternatives_in_the_model(m, k, ns):
-    config = dm.decode_config(m, k, ns)
+def test_modelled_pick_is_valid_and_no_slower_than_its_alternatives_in_the_model(m, k, ns):
+    config = dc._decode_config(m, k, tuple(ns), 132, 2)
     dc.check_shapes(jax.ShapeDtypeStruct((m, k), BF16),
                     [jax.ShapeDtypeStruct((k, n), BF16) for n in ns], config)
     picked = dc.modelled_seconds(config, m, k, ns, sms=132)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import decode_matmul
+from pallas_kernels import decode_config, decode_matmul, hardware
 from pallas_kernels import lazy_norm_matmul as lazy
 from pallas_kernels.errors import Unsupported
 
@@ -89,9 +89,9 @@ def layer_norm_dense(
     )
 
 
-# Where the lazy-norm kernel is not used automatically, from H200 measurements
-# (CUPTI kernel time, bf16, against the stock norm then one dot per weight):
-# - M <= 16, and M <= 512 with N <= 10240 in total: 1.06-1.97x the stock time
+# Where the lazy-norm kernel is not used automatically above decode's M <= 64, from H200
+# measurements (CUPTI kernel time, bf16, against the stock norm then one dot per weight):
+# - M <= 512 with N <= 10240 in total: 1.06-1.97x the stock time
 #   (bench/results/2026-11-29-norm-gemm);
 # - N > 8192 in total: the GEMM dominates and the kernel's mainloop runs
 #   1.04-1.09x cuBLAS, more than the norm's saving: 8192x2048x(8192+8192) took
@@ -104,7 +104,7 @@ _MAX_TOTAL_N = 8192
 def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
     """The reason the kernel stays out at this shape under impl=None, or None."""
     m, total_n = x.shape[0], sum(w.shape[1] for w in kernels)
-    if m <= 16 or (m <= 512 and total_n <= 10240):
+    if m <= 512 and total_n <= 10240:
         return (f"at M={m}, N={total_n} the lazy-norm kernel measured 1.06-1.97x the stock "
                 "norm + dot on the H200 (decode-sized GEMMs are not tuned yet); "
                 "impl='mosaic' forces it")
@@ -115,13 +115,28 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
     return None
 
 
+def _decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:
+    """At decode (M <= 64) the kernel runs automatically only where the decode GEMM's
+    measured table (pallas_kernels/decode_configs.py) has it at or under cuBLAS's time
+    at the nearest measured shape: the norm's pass over x is the same either way."""
+    m, k = x.shape
+    entry = decode_config.measured_entry(m, k, [w.shape[1] for w in kernels],
+                                         sms=hardware.num_sms(), itemsize=x.dtype.itemsize)
+    if entry is None:
+        return (f"at M={m}, K={k}, N={sum(w.shape[1] for w in kernels)} the decode GEMM "
+                "has no measured shape nearby (pallas_kernels/decode_configs.py); "
+                "impl='mosaic' forces it")
+    if entry.ratio_to_cublas > 1.0:
+        return (f"at M={m} the decode GEMM measured {entry.ratio_to_cublas:.3f}x cuBLAS at "
+                f"the nearest shape {'x'.join(map(str, entry.shape))} on the H200 "
+                "(pallas_kernels/decode_configs.py); impl='mosaic' forces it")
+    return None
+
+
 @decline_automatic("rms_norm_dense")
 def _decline_rms_norm_dense(x, scale, kernels, biases, *stats, **kwargs) -> str | None:
     if x.shape[0] <= decode_matmul.MAX_ROWS:
-        return (f"at M={x.shape[0]} the decode GEMM (pallas_kernels/decode_matmul.py) measured "
-                "1.05-1.43x cuBLAS at M <= 16 and 0.73-1.06x at M = 64 on the H200 "
-                "(bench/results/2026-12-01-free-stats, decode-gemm), and is not yet measured "
-                "in a model's decode step; impl='mosaic' forces it")
+        return _decode_not_faster(x, kernels)
     return _slower_than_xla(x, kernels)
 
 
