@@ -162,8 +162,9 @@ def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12) -> Decode
     raise Unsupported(f"{config}: not even two stages fit in shared memory")
 
 
-# A measured config serves launches within this distance of its shape in log2(x_box rows,
-# K, total N): a factor of 2 along one dimension.
+# A measured entry serves launches within this distance of its shape in log2(M, K, total N):
+# a factor of 2 along one dimension. M counts as itself, not as its x box: cuBLAS, the
+# entry's comparator, changes algorithm with M (at M = 1 XLA turns the dot into a reduction).
 TABLE_RADIUS_LOG2 = 1.0
 
 
@@ -181,14 +182,11 @@ def measured_entry(m: int, k: int, ns: Sequence[int], *, sms: int,
     if itemsize != 2 or not decode_configs.ENTRIES or decode_configs.PROVENANCE.get("sms") != sms:
         return None
 
-    def point(m: int, k: int, n: int) -> tuple[float, float, float]:
-        return math.log2(x_box_rows(m)), math.log2(k), math.log2(n)
-
-    here = point(m, k, sum(ns))
-    shape, fields, ratio = min(decode_configs.ENTRIES,
-                               key=lambda entry: math.dist(here, point(*entry[0])))
+    here = [math.log2(d) for d in (m, k, sum(ns))]
+    shape, fields, ratio = min(
+        decode_configs.ENTRIES, key=lambda entry: math.dist(here, map(math.log2, entry[0])))
     config = DecodeConfig(**fields)
-    if math.dist(here, point(*shape)) > TABLE_RADIUS_LOG2 or config.split_k > k // 64:
+    if math.dist(here, map(math.log2, shape)) > TABLE_RADIUS_LOG2 or config.split_k > k // 64:
         return None
     return MeasuredEntry(shape, config, ratio)
 

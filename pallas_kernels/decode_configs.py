@@ -1,7 +1,7 @@
 """Measured decode GEMM configs per (M, K, N), written by `python -m bench.decode_gemm
 --write-table`.
 
-`decode_config.decode_config` takes the entry nearest a launch's (x_box rows, K, total N)
+`decode_config.decode_config` takes the entry nearest a launch's (M, K, total N)
 in log2 space within `decode_config.TABLE_RADIUS_LOG2`, on a GPU with PROVENANCE's SM
 count; the modelled pick elsewhere. Each entry keeps its ratio to cuBLAS, which automatic
 dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
