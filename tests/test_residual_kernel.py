@@ -20,7 +20,7 @@ from jaxnorm import row_stats
 from jaxnorm.backends import mosaic_residual
 from jaxnorm.dispatch import Unsupported
 from kernel_checks import assert_race_free
-from pallas_kernels import gemm_config
+from pallas_kernels import decode_configs, decode_matmul, gemm_config
 from pallas_kernels import residual_matmul as rm
 from test_residual import consume, consumer_inputs, residual_inputs
 from verify import residual as vr
@@ -123,6 +123,28 @@ def test_what_the_kernel_does_not_serve(request):
     f32 = residual_inputs(_rng(request), (8,), 64, 128, jnp.float32)
     with pytest.raises(Unsupported, match="float32 not served"):
         jaxnorm.residual_dense(f32["x"], f32["kernel"], f32["residual"], impl="interpret")
+
+
+@pytest.mark.parametrize("m, bias", [(1, True), (7, False), (64, True)])
+def test_decode_rows_take_the_decode_gemm(m, bias, request, monkeypatch):
+    """At M <= 64 residual_dense's product is the decode GEMM's; h and its statistics
+    against float64."""
+    calls = []
+    original = decode_matmul.lazy_rms_decode_matmul
+    monkeypatch.setattr(decode_matmul, "lazy_rms_decode_matmul",
+                        lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    inputs = residual_inputs(_rng(request), (m,), 128, 192, bias=bias, mean_ratio=3.0)
+    assert vr.check_residual("interpret", **inputs) <= 1.0
+    assert_race_free()
+    assert calls
+
+
+def test_automatic_use_at_decode_follows_the_measured_table():
+    s = jax.ShapeDtypeStruct
+    for (m, k, n), _, ratio in decode_configs.ENTRIES:
+        reason = mosaic_residual._slower_than_xla(s((m, k), jnp.bfloat16),
+                                                  s((k, n), jnp.bfloat16), None, None)
+        assert reason is None if ratio <= 1.0 else f"{ratio:.3f}x cuBLAS" in reason
 
 
 def test_automatic_use_declined_with_the_measurement():

@@ -324,7 +324,10 @@ def kernel_cases() -> list[tuple[str, str, Callable[[], str]]]:
 # M stays small enough for the float64 judge (a few M K N products on the host).
 RESIDUAL_CASES = [((2048, 4096, 4096), (130, 128, 512), 0.0),
                   ((1024, 14336, 4096), (64, 256, 256), 0.0),
-                  ((2048, 4096, 2048), (130, 64, 256), 1e3)]
+                  ((2048, 4096, 2048), (130, 64, 256), 1e3),
+                  # Decode: the decode GEMM's product, h's statistics in XLA (split 1 and 8).
+                  ((1, 2048, 2048), (1, 128, 192), 0.0),
+                  ((7, 8192, 2048), (7, 256, 128), 3.0)]
 
 
 def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
@@ -347,7 +350,8 @@ def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
 
         def judged(inputs):
             h, stats = run(inputs)
-            return max(checks._ratio(j) for j in vr.judge_residual(h, stats, "float32",
+            source = vr.source_of(IMPL, inputs["x"].shape[0])
+            return max(checks._ratio(j) for j in vr.judge_residual(h, stats, source,
                                                                    **inputs)), h, stats
 
         def correct(i=i, k=k, n=n, inputs_of=inputs_of):

@@ -115,10 +115,11 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
     return None
 
 
-def _decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:
-    """At decode (M <= 64) the kernel runs automatically only where the decode GEMM's
-    measured table (pallas_kernels/decode_configs.py) has it at or under cuBLAS's time
-    at the nearest measured shape: the norm's pass over x is the same either way."""
+def decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:
+    """At decode (M <= 64) a kernel built on the decode GEMM runs automatically only where
+    its measured table (pallas_kernels/decode_configs.py) has it at or under cuBLAS's time
+    at the nearest measured shape: the XLA work around the product (the norm's pass over
+    x, or the residual add and statistics) is the same either way."""
     m, k = x.shape
     entry = decode_config.measured_entry(m, k, [w.shape[1] for w in kernels],
                                          sms=hardware.num_sms(), itemsize=x.dtype.itemsize)
@@ -136,7 +137,7 @@ def _decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:
 @decline_automatic("rms_norm_dense")
 def _decline_rms_norm_dense(x, scale, kernels, biases, *stats, **kwargs) -> str | None:
     if x.shape[0] <= decode_matmul.MAX_ROWS:
-        return _decode_not_faster(x, kernels)
+        return decode_not_faster(x, kernels)
     return _slower_than_xla(x, kernels)
 
 

@@ -5,6 +5,11 @@ of 64 and N a multiple of the GEMM's CTA tile (256 at prefill shapes), any M >= 
 anything else raises `Unsupported` with the reason and dispatch falls back to
 xla. The kernel's [P, M] partials are combined here, in XLA (M-sized work), by
 Chan's formula (`jaxnorm.row_stats.from_partials`).
+
+At decode (M <= 64) the product is the weight-streaming decode GEMM's
+(pallas_kernels/decode_matmul.py) and XLA adds the residual and takes the
+statistics in the fusion that follows it (M*N elements: small at decode), as the
+xla path does after its dot.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import jax.numpy as jnp
 from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import gemm_config
+from jaxnorm.backends.mosaic_dense import decode_not_faster
+from pallas_kernels import decode_matmul, gemm_config
 from pallas_kernels import residual_matmul as rm
 from pallas_kernels.errors import Unsupported
 
@@ -41,6 +47,13 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
                           "the weights per call would copy them")
     x = x if interpret else on_gpu_only(x, "residual_dense")
     m, k = x.shape
+    if m <= decode_matmul.MAX_ROWS:
+        (y,) = decode_matmul.lazy_rms_decode_matmul(
+            x, [kernel], row_scale=jnp.ones((m,), jnp.float32), biases=[bias],
+            interpret=interpret)
+        h = y + residual.astype(x.dtype)
+        stats = row_stats.of_rows(h)
+        return h, stats.mean, stats.m2
     config = rm.residual_config(m, k, kernel.shape[1], itemsize=jnp.dtype(x.dtype).itemsize)
     h, (sums, m2s) = rm.residual_matmul(x, kernel, residual, bias=bias, config=config,
                                         interpret=interpret)
@@ -50,6 +63,8 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
 
 
 @decline_automatic("residual_dense")
-def _slower_than_xla(x, kernel, bias, residual, **kwargs) -> str:
+def _slower_than_xla(x, kernel, bias, residual, **kwargs) -> str | None:
+    if x.shape[0] <= decode_matmul.MAX_ROWS:
+        return decode_not_faster(x, (kernel,))
     return (f"the residual GEMM measured {MEASURED_RATIO} XLA's x @ w + r on the H200 "
             "(bench/results/2026-12-01-free-stats); impl='mosaic' forces it")
