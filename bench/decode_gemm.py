@@ -2,10 +2,15 @@
 
     PYTHONPATH=. python -m bench.decode_gemm --out $OUT [--budget-s 200]   # H200
     PYTHONPATH=. python -m bench.decode_gemm --smoke --out /tmp/d          # CPU, interpreter
-    python -m bench.decode_gemm --write-table $OUT/decode-gemm.json --run-commit C  # the table
+    python -m bench.decode_gemm --write-table a/decode-gemm.json b/decode-gemm.json \
+        --run-command "..." --run-commit C  # the table, from one or more GPU runs
 
-Per shape (M x K x N; M = 1, 8, 16, 64): XLA's bf16 `x @ w` (cuBLAS) and our
-decode kernel (row scale in the epilogue, `r` given) over a handful of configs:
+Per launch (M x K x N_i; M = 1, 8, 16, 64): XLA's bf16 `x @ w_i`, one dot per weight
+as stock Flax runs them (cuBLAS, or at M = 1 XLA's reduction), and our decode kernel
+(all weights in one launch, row scale in the epilogue, `r` given) over a handful of
+configs. `--launches single` (default): single weights at the presets' decode widths
+and a vocab head; `--launches presets`: the 1B-class presets' own q/k/v, o and down
+launches (bench/shapes.py's model dimensions):
 first the model's pick at every shape, then (while the budget lasts) the
 alternatives, each pass measured interleaved with cuBLAS (two rounds, the
 better median of each kept; ratios are to the same pass's cuBLAS) with
@@ -24,7 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +41,17 @@ from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_matmul as dm
 
 BF16 = jnp.bfloat16
-# (K, N) of the presets' decode projections and a vocab head (tests/test_cuda_lowering_decode.py).
-SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384),
-          (8192, 2048), (1024, 4096), (2048, 128256)]
+Launch = tuple[int, tuple[int, ...]]  # (K, (N_1, N_2, ...)): the weights of one launch
+# Single weights at the presets' decode widths and a vocab head (tests/test_cuda_lowering_decode.py).
+LAUNCHES: dict[str, list[Launch]] = {
+    "single": [(4096, (6144,)), (4096, (28672,)), (14336, (4096,)), (2048, (3072,)),
+               (2048, (16384,)), (8192, (2048,)), (1024, (4096,)), (2048, (128256,))],
+    # Llama-3.2-1B and Qwen3-0.6B decode: q/k/v in one launch, o, down.
+    "presets": [(2048, (2048, 512, 512)), (2048, (2048,)), (8192, (2048,)),
+                (1024, (2048, 1024, 1024)), (2048, (1024,)), (3072, (1024,))],
+}
 ROWS = (1, 8, 16, 64)
-SMOKE_SHAPES, SMOKE_ROWS = [(128, 192)], (8,)
+SMOKE_LAUNCHES, SMOKE_ROWS = [(128, (192,)), (128, (128, 64))], (8,)
 COPY_BYTES, SMOKE_COPY_BYTES = 512 * 2**20, 2**20
 # |ours - XLA float32| <= TOLERANCE * (|ref| + rms(ref)): bf16 rounding of the output is 2^-9.
 TOLERANCE = 2**-7
@@ -48,7 +59,7 @@ ROUNDS = 2
 TABLE_PATH = Path(dc.__file__).with_name("decode_configs.py")
 
 
-def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
+def candidate_configs(m: int, k: int, ns: tuple[int, ...], sms: int) -> list[dc.DecodeConfig]:
     """The model's pick, then alternatives that differ most from each other first: 128-column
     tiles unsplit, 64-column tiles split to fill the SMs' waves, 256 unsplit, 128 split, 64
     unsplit."""
@@ -56,14 +67,14 @@ def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]
 
     def fill(tile_n: int) -> int:
         """The fewest splits whose units fill >= 90% of the SMs' waves (else the best fill)."""
-        tiles = -(-n // tile_n)
+        tiles = sum(-(-n // tile_n) for n in ns)
         def waves_filled(s: int) -> float:
             return tiles * s / (-(-tiles * s // sms) * sms)
         splits = range(1, min(k_iters, 16) + 1)
         return next((s for s in splits if waves_filled(s) >= 0.9), max(splits, key=waves_filled))
 
     shapes = [(128, 1), (64, fill(64)), (256, 1), (128, fill(128)), (64, 1)]
-    picks = [dm.decode_config(m, k, (n,), sms=sms)]
+    picks = [dm.decode_config(m, k, ns, sms=sms)]
     picks += [dc.deepest(dc.DecodeConfig(tile_n=t, split_k=s), 2) for t, s in shapes]
     return list(dict.fromkeys(picks))
 
@@ -73,31 +84,39 @@ def _label(config: dc.DecodeConfig) -> str:
             + (f" wg{config.warpgroups}" if config.warpgroups > 1 else ""))
 
 
-def _inputs(key: jax.Array, m: int, k: int, n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    kx, kw, kr = jax.random.split(key, 3)
+Args = tuple[jax.Array, list[jax.Array], jax.Array]
+
+
+def _inputs(key: jax.Array, m: int, k: int, ns: tuple[int, ...]) -> Args:
+    kx, kr, *kws = jax.random.split(key, 2 + len(ns))
     x = jax.random.normal(kx, (m, k), BF16)
-    w = (jax.random.normal(kw, (k, n), jnp.float32) / k**0.5).astype(BF16)
+    ws = [(jax.random.normal(kw, (k, n), jnp.float32) / k**0.5).astype(BF16)
+          for kw, n in zip(kws, ns)]
     r = jax.random.uniform(kr, (m,), jnp.float32, 0.5, 1.5)
-    return x, w, r
+    return x, ws, r
 
 
-def _ours(config: dc.DecodeConfig, interpret: bool) -> Callable[..., jax.Array]:
-    def fn(x, w, r):
-        (y,) = dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config, interpret=interpret)
-        return y
+def _ours(config: dc.DecodeConfig, interpret: bool) -> Callable[..., tuple[jax.Array, ...]]:
+    def fn(x, ws, r):
+        return dm.lazy_rms_decode_matmul(x, ws, row_scale=r, config=config, interpret=interpret)
     return fn
 
 
-def _xla(x: jax.Array, w: jax.Array, r: jax.Array) -> jax.Array:
-    del r  # cuBLAS as users call it: no row scale
-    return x @ w
+def _xla(x: jax.Array, ws: list[jax.Array], r: jax.Array) -> tuple[jax.Array, ...]:
+    del r  # as users call it: one dot per weight, no row scale
+    return tuple(x @ w for w in ws)
 
 
-def worst_error(y: jax.Array, x: jax.Array, w: jax.Array, r: jax.Array) -> float:
-    """max |y - ref| / (|ref| + rms(ref)) against XLA's float32 diag(r) (x @ w)."""
-    ref = jnp.dot(x, w, preferred_element_type=jnp.float32) * r[:, None]
-    rms = jnp.sqrt(jnp.mean(ref * ref))
-    return float(jnp.max(jnp.abs(y.astype(jnp.float32) - ref) / (jnp.abs(ref) + rms)))
+def worst_error(ys, x: jax.Array, ws: list[jax.Array], r: jax.Array) -> float:
+    """max over outputs of |y - ref| / (|ref| + rms(ref)) against XLA's float32
+    diag(r) (x @ w_i)."""
+    worst = 0.0
+    for y, w in zip(ys, ws, strict=True):
+        ref = jnp.dot(x, w, preferred_element_type=jnp.float32) * r[:, None]
+        rms = jnp.sqrt(jnp.mean(ref * ref))
+        worst = max(worst, float(jnp.max(jnp.abs(y.astype(jnp.float32) - ref)
+                                          / (jnp.abs(ref) + rms))))
+    return worst
 
 
 def copy_bandwidth(nbytes: int, repeats: int) -> float | None:
@@ -126,13 +145,15 @@ def _checked(config: dc.DecodeConfig, first, interpret: bool) -> tuple[dict[str,
     return entry, fn if entry["correct"] else None
 
 
-def measure_configs(m: int, k: int, n: int, configs: list[dc.DecodeConfig], *, repeats: int,
-                    interpret: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def measure_configs(m: int, k: int, ns: tuple[int, ...], configs: list[dc.DecodeConfig], *,
+                    repeats: int, interpret: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(cuBLAS, one entry per config): checked, then timed interleaved with cuBLAS."""
-    key = jax.random.key(m * 131 + k * 7 + n)
-    first = _inputs(key, m, k, n)
-    copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
-    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k, n) for c in range(1, copies)]
+    key = jax.random.key(m * 131 + k * 7 + sum(ns) + len(ns))
+    first = _inputs(key, m, k, ns)
+    copies = 1 if interpret else timing.rotation_copies(
+        sum(a.nbytes for a in jax.tree.leaves(first)))
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k, ns)
+                          for c in range(1, copies)]
     fns: dict[str, Callable[..., jax.Array]] = {"xla": _xla}
     entries = []
     for config in configs:
@@ -145,7 +166,7 @@ def measure_configs(m: int, k: int, n: int, configs: list[dc.DecodeConfig], *, r
         for name, fn in fns.items():
             samples[name].append(timing.measure(fn, arg_sets, repeats=repeats, warmup=1))
     xla = _best(samples.pop("xla"))
-    weight_bytes = k * n * 2
+    weight_bytes = k * sum(ns) * 2
     xla["tb_s"] = weight_bytes / (xla["us"] * 1e-6) / 1e12
     for entry in entries:
         if entry["label"] in samples:
@@ -167,13 +188,18 @@ def summarize(row: dict[str, Any], copy_bw: float | None) -> None:
         row["pick_ratio"] = row["configs"][0].get("ratio")
 
 
+def launch_label(m: int, k: int, ns: Sequence[int]) -> str:
+    return f"{m}x{k}x" + (str(ns[0]) if len(ns) == 1 else f"({'+'.join(map(str, ns))})")
+
+
 def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable:
     lines = []
     for row in rows:
-        m, k, n = row["shape"]
+        m, k, _ = row["shape"]
         best = next((e for e in row["configs"] if e["label"] == row.get("best")), None)
         lines.append([
-            f"{m}x{k}x{n}", row.get("best", "none correct"), f"{row['weight_mb']:.1f}",
+            launch_label(m, k, row["ns"]), row.get("best", "none correct"),
+            f"{row['weight_mb']:.1f}",
             report.fmt(row["xla"]["us"]), report.fmt(best["us"] if best else None),
             report.fmt(row.get("ratio"), 2), report.fmt(row.get("pick_ratio"), 2),
             report.fmt(best["tb_s"] if best else None, 2),
@@ -182,7 +208,7 @@ def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable
         ])
     title = "decode GEMM vs cuBLAS" + (f" (copy {copy_bw / 1e12:.2f} TB/s)" if copy_bw else "")
     return report.TextTable(
-        title, ["M x K x N", "best config", "weights MB", "cuBLAS us", "ours us", "ours/cuBLAS",
+        title, ["M x K x N_i", "best config", "weights MB", "cuBLAS us", "ours us", "ours/cuBLAS",
                 "pick/cuBLAS", "ours TB/s", "cuBLAS TB/s", "% copy BW"], lines, left_columns=2)
 
 
@@ -192,16 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--configs", type=int, default=4,
                         help="configs per shape at most, the model's pick first")
+    parser.add_argument("--launches", choices=sorted(LAUNCHES), default="single",
+                        help="single weights at the presets' widths, or the 1B-class presets' "
+                             "own q/k/v, o and down launches")
     parser.add_argument("--rows", type=lambda s: tuple(int(v) for v in s.split(",")),
                         default=ROWS, help="M values, e.g. 1,64 (default: 1,8,16,64)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
-    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path,
-                        help="write pallas_kernels/decode_configs.py from a GPU run's JSON")
+    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path, nargs="+",
+                        help="write pallas_kernels/decode_configs.py from GPU runs' JSON "
+                             "(a launch measured twice: the later file's)")
     parser.add_argument("--run-command", default="python -m bench.decode_gemm",
-                        help="with --write-table: the command that produced the JSON")
+                        help="with --write-table: the commands that produced the JSON")
     parser.add_argument("--run-commit", default="unknown",
-                        help="with --write-table: the commit the run measured")
+                        help="with --write-table: the commits the runs measured")
     args = parser.parse_args(argv)
     if args.write_table:
         print(decode_table_writer.write_table(args.write_table, TABLE_PATH,
@@ -215,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.smoke else 10
     sms = 4 if args.smoke else jax.devices()[0].core_count
     copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
-    shapes = [(m, k, n) for k, n in (SMOKE_SHAPES if args.smoke else SHAPES)
+    shapes = [(m, k, ns) for k, ns in (SMOKE_LAUNCHES if args.smoke else LAUNCHES[args.launches])
               for m in (SMOKE_ROWS if args.smoke else args.rows)]
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    copy_tb_s=copy_bw / 1e12 if copy_bw else None,
@@ -223,32 +253,34 @@ def main(argv: list[str] | None = None) -> int:
     # Pass 1: the model's pick at every shape; pass 2: the alternatives, while the budget lasts.
     rows = {}
     for phase in ("pick", "alternatives"):
-        for m, k, n in shapes:
+        for m, k, ns in shapes:
             if time.monotonic() - start > args.budget_s:
-                payload["skipped"].append(dict(shape=[m, k, n], phase=phase))
+                payload["skipped"].append(dict(launch=launch_label(m, k, ns), phase=phase))
                 continue
-            configs = candidate_configs(m, k, n, sms)
+            configs = candidate_configs(m, k, ns, sms)
             configs = configs[:1] if phase == "pick" else configs[1:args.configs]
             if not configs:
                 continue
-            xla, entries = measure_configs(m, k, n, configs, repeats=repeats,
+            xla, entries = measure_configs(m, k, ns, configs, repeats=repeats,
                                            interpret=interpret)
-            row = rows.setdefault((m, k, n), dict(shape=[m, k, n], weight_mb=k * n * 2 / 1e6,
-                                                  xla=xla, configs=[]))
+            row = rows.setdefault((m, k, ns), dict(shape=[m, k, sum(ns)], ns=list(ns),
+                                                   weight_mb=k * sum(ns) * 2 / 1e6, xla=xla,
+                                                   configs=[]))
             row.setdefault("xla_by_phase", {})[phase] = xla
             row["configs"] += [dict(e, phase=phase) for e in entries]
             summarize(row, copy_bw)
             payload["rows"] = list(rows.values())
             payload["elapsed_s"] = time.monotonic() - start
             report.write_json(args.out / "decode-gemm.json", payload)
-            print(f"{m}x{k}x{n} {phase}: cuBLAS {xla['us']:.1f} us; "
+            print(f"{launch_label(m, k, ns)} {phase}: cuBLAS {xla['us']:.1f} us; "
                   + ", ".join(f"{e['label']} {e.get('ratio', 'wrong')}" for e in entries),
                   flush=True)
     payload["elapsed_s"] = time.monotonic() - start
     report.write_json(args.out / "decode-gemm.json", payload)
-    skipped = ", ".join(f"{'x'.join(map(str, s['shape']))} ({s['phase']})"
-                        for s in payload["skipped"]) or "none"
-    preamble = [f"`PYTHONPATH=. python -m bench.decode_gemm` ({payload['elapsed_s']:.0f} s; "
+    skipped = ", ".join(f"{s['launch']} ({s['phase']})" for s in payload["skipped"]) or "none"
+    rows_arg = ",".join(map(str, args.rows))
+    preamble = [f"`PYTHONPATH=. python -m bench.decode_gemm --launches {args.launches} --rows "
+                f"{rows_arg}` ({payload['elapsed_s']:.0f} s; "
                 f"skipped for the budget: {skipped})."]
     report.write_markdown(args.out / "decode-gemm.md", "Decode GEMM", preamble,
                           [table(payload["rows"], copy_bw)])

@@ -1,39 +1,51 @@
-"""Turn a decode GEMM run's JSON (bench/decode_gemm.py) into pallas_kernels/decode_configs.py."""
+"""Turn decode GEMM runs' JSON (bench/decode_gemm.py) into pallas_kernels/decode_configs.py."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pallas_kernels import decode_configs
 
 
-def table_source(doc: dict[str, Any], command: str, commit: str) -> str:
-    """The module's text: provenance, then each measured shape's fastest correct config
-    with its ratio to cuBLAS in the same interleaved rounds."""
-    if doc.get("smoke"):
-        raise ValueError("results: a table needs a GPU run, not --smoke")
-    env = doc["environment"]
+def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int], float]]:
+    """(M, K, (N_i...)) -> (fastest correct config, its ratio to cuBLAS); later runs win."""
+    entries = {}
+    for doc in docs:
+        if doc.get("smoke"):
+            raise ValueError("results: a table needs a GPU run, not --smoke")
+        for row in doc["rows"]:
+            best = next((c for c in row["configs"] if c["label"] == row.get("best")), None)
+            if best is not None:
+                m, k, n = row["shape"]
+                entries[(m, k, tuple(row.get("ns", [n])))] = best["config"], row["ratio"]
+    return entries
+
+
+def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """The module's text: provenance, then each measured launch's fastest correct config
+    with its ratio to one cuBLAS dot per weight in the same interleaved rounds."""
+    entries = _entries(docs)
+    env = docs[-1]["environment"]
     provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=doc.get("sms", 132), commit=commit)
+                      sms=docs[-1].get("sms", 132), commit=commit)
     lines = [f'"""{decode_configs.__doc__}"""', "",
-             "# The run: command, UTC date, GPU, its SM count, commit.",
+             "# The runs: commands, UTC date of the last, GPU, its SM count, commits.",
              "PROVENANCE: dict[str, str | int | None] = {"]
     lines += [f"    {key!r}: {value!r}," for key, value in provenance.items()]
     lines += ["}", "",
-              "# ((M, K, N), DecodeConfig fields, ours / cuBLAS): each shape's fastest config.",
-              "ENTRIES: tuple[tuple[tuple[int, int, int], dict[str, int], float], ...] = ("]
-    for row in doc["rows"]:
-        best = next((c for c in row["configs"] if c["label"] == row.get("best")), None)
-        if best is None:
-            continue
-        lines.append(f"    ({tuple(row['shape'])!r},")
-        lines.append(f"     {best['config']!r}, {row['ratio']:.3f}),")
+              "# ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.",
+              "ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], "
+              "...] = ("]
+    for shape, (config, ratio) in entries.items():
+        lines.append(f"    ({shape!r},")
+        lines.append(f"     {config!r}, {ratio:.3f}),")
     lines.append(")")
     return "\n".join(lines) + "\n"
 
 
-def write_table(results: Path, table: Path, *, command: str, commit: str) -> Path:
-    table.write_text(table_source(json.loads(results.read_text()), command, commit))
+def write_table(results: Sequence[Path], table: Path, *, command: str, commit: str) -> Path:
+    table.write_text(table_source([json.loads(p.read_text()) for p in results], command, commit))
     return table

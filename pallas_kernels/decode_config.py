@@ -169,24 +169,35 @@ TABLE_RADIUS_LOG2 = 1.0
 
 
 class MeasuredEntry(NamedTuple):
-    shape: tuple[int, int, int]
+    shape: tuple[int, int, tuple[int, ...]]  # (M, K, (N_i...))
     config: DecodeConfig
     ratio_to_cublas: float
 
 
 def measured_entry(m: int, k: int, ns: Sequence[int], *, sms: int,
                    itemsize: int = 2) -> MeasuredEntry | None:
-    """The (shape, config, its measured time / cuBLAS's) of the table entry nearest the launch
-    (pallas_kernels/decode_configs.py), if within TABLE_RADIUS_LOG2, measured on a GPU of
-    `sms` SMs in 2-byte types, and valid for this launch's K; else None."""
+    """The table entry (pallas_kernels/decode_configs.py) nearest the launch in log2(M, K,
+    total N), if within TABLE_RADIUS_LOG2, measured on a GPU of `sms` SMs in 2-byte types,
+    and valid for this launch's K; else None.
+
+    Only entries of at most as many weights count, the same count first: an entry's ratio is
+    against one cuBLAS dot per weight, so one measured with more weights than this launch
+    would credit it with dots its stock version does not run."""
     if itemsize != 2 or not decode_configs.ENTRIES or decode_configs.PROVENANCE.get("sms") != sms:
         return None
-
     here = [math.log2(d) for d in (m, k, sum(ns))]
-    shape, fields, ratio = min(
-        decode_configs.ENTRIES, key=lambda entry: math.dist(here, map(math.log2, entry[0])))
+
+    def distance(entry) -> float:
+        (em, ek, ens), _, _ = entry
+        return math.dist(here, [math.log2(d) for d in (em, ek, sum(ens))])
+
+    near = [e for e in decode_configs.ENTRIES
+            if len(e[0][2]) <= len(ns) and distance(e) <= TABLE_RADIUS_LOG2]
+    if not near:
+        return None
+    shape, fields, ratio = min(near, key=lambda e: (len(e[0][2]) != len(ns), distance(e)))
     config = DecodeConfig(**fields)
-    if math.dist(here, map(math.log2, shape)) > TABLE_RADIUS_LOG2 or config.split_k > k // 64:
+    if config.split_k > k // 64:
         return None
     return MeasuredEntry(shape, config, ratio)
 

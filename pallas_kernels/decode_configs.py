@@ -1,13 +1,14 @@
-"""Measured decode GEMM configs per (M, K, N), written by `python -m bench.decode_gemm
---write-table`.
+"""Measured decode GEMM configs per launch (M, K, (N_i...)), written by `python -m
+bench.decode_gemm --write-table`.
 
-`decode_config.decode_config` takes the entry nearest a launch's (M, K, total N)
-in log2 space within `decode_config.TABLE_RADIUS_LOG2`, on a GPU with PROVENANCE's SM
-count; the modelled pick elsewhere. Each entry keeps its ratio to cuBLAS, which automatic
-dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
+`decode_config.decode_config` takes the entry nearest a launch's (M, K, total N) in log2
+space within `decode_config.TABLE_RADIUS_LOG2`, among entries of at most as many weights
+(the same count first), on a GPU with PROVENANCE's SM count; the modelled pick elsewhere.
+Each entry keeps its ratio to one cuBLAS dot per weight (as stock Flax runs them), which
+automatic dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
 """
 
-# The run: command, UTC date, GPU, its SM count, commit.
+# The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
     'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210',
     'date': '2026-12-01T17:43:09+00:00',
@@ -16,38 +17,38 @@ PROVENANCE: dict[str, str | int | None] = {
     'commit': '2c4f233',
 }
 
-# ((M, K, N), DecodeConfig fields, ours / cuBLAS): each shape's fastest config.
-ENTRIES: tuple[tuple[tuple[int, int, int], dict[str, int], float], ...] = (
-    ((1, 4096, 6144),
+# ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.
+ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], ...] = (
+    ((1, 4096, (6144,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.912),
-    ((64, 4096, 6144),
+    ((64, 4096, (6144,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.740),
-    ((1, 4096, 28672),
+    ((1, 4096, (28672,)),
      {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.014),
-    ((64, 4096, 28672),
+    ((64, 4096, (28672,)),
      {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.015),
-    ((1, 14336, 4096),
+    ((1, 14336, (4096,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 4, 'stages': 8, 'warpgroups': 1}, 1.022),
-    ((64, 14336, 4096),
+    ((64, 14336, (4096,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 2, 'stages': 12, 'warpgroups': 1}, 0.878),
-    ((1, 2048, 3072),
+    ((1, 2048, (3072,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 5, 'stages': 12, 'warpgroups': 1}, 0.372),
-    ((64, 2048, 3072),
+    ((64, 2048, (3072,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 2, 'stages': 12, 'warpgroups': 1}, 0.890),
-    ((1, 2048, 16384),
+    ((1, 2048, (16384,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.000),
-    ((64, 2048, 16384),
+    ((64, 2048, (16384,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.008),
-    ((1, 8192, 2048),
+    ((1, 8192, (2048,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 0.987),
-    ((64, 8192, 2048),
+    ((64, 8192, (2048,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 0.796),
-    ((1, 1024, 4096),
+    ((1, 1024, (4096,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 1.144),
-    ((64, 1024, 4096),
+    ((64, 1024, (4096,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.639),
-    ((1, 2048, 128256),
+    ((1, 2048, (128256,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.021),
-    ((64, 2048, 128256),
+    ((64, 2048, (128256,)),
      {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.003),
 )

@@ -50,6 +50,9 @@ for name in "$@"; do
     kernels) stage check_kernels "${KERNELS_LIMIT:-200}" env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
     decode-sweep) stage decode_sweep 230 python3 -m bench.decode_gemm --rows 1,64 --budget-s 210 \
                     --out "$WORK/decode_sweep" ;;
+    decode-presets) stage decode_presets "${PRESETS_LIMIT:-170}" python3 -m bench.decode_gemm \
+                      --launches presets --rows "${ROWS:-1,8}" --configs 3 --budget-s 150 \
+                      --out "$WORK/decode_presets" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped

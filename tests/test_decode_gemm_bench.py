@@ -15,15 +15,17 @@ def test_smoke_run_checks_times_and_reports(tmp_path):
     assert decode_gemm.main(args) == 0
     payload = json.loads((tmp_path / "decode-gemm.json").read_text())
     assert payload["smoke"] and payload["copy_tb_s"] > 0 and not payload["skipped"]
-    (row,) = payload["rows"]
-    assert row["shape"] == [8, 128, 192] and row["xla"]["us"] > 0
+    row, pair = payload["rows"]
+    assert row["shape"] == [8, 128, 192] and row["ns"] == [192] and row["xla"]["us"] > 0
+    assert pair["ns"] == [128, 64] and pair["configs"][0]["correct"]
     # The pick, then one alternative, each pass against its own cuBLAS measurement.
     assert len(row["configs"]) == 2 and set(row["xla_by_phase"]) == {"pick", "alternatives"}
     for entry in row["configs"]:
         assert entry["correct"] and entry["error"] <= decode_gemm.TOLERANCE
         assert entry["ratio"] == entry["us"] / row["xla_by_phase"][entry["phase"]]["us"]
     assert row["best"] in {e["label"] for e in row["configs"]}
-    assert "| 8x128x192 |" in (tmp_path / "decode-gemm.md").read_text()
+    markdown = (tmp_path / "decode-gemm.md").read_text()
+    assert "| 8x128x192 |" in markdown and "| 8x128x(128+64) |" in markdown
 
 
 def test_a_wrong_result_is_caught_by_the_check():
@@ -32,11 +34,11 @@ def test_a_wrong_result_is_caught_by_the_check():
     w = jnp.asarray([[0.5, -1.0], [2.0, 0.25]], jnp.bfloat16)
     r = jnp.asarray([1.0, 0.5], jnp.float32)
     right = (jnp.dot(x, w, preferred_element_type=jnp.float32) * r[:, None]).astype(jnp.bfloat16)
-    assert decode_gemm.worst_error(right, x, w, r) <= decode_gemm.TOLERANCE
-    assert decode_gemm.worst_error(right.at[1, 0].add(0.25), x, w, r) > decode_gemm.TOLERANCE
+    assert decode_gemm.worst_error([right], x, [w], r) <= decode_gemm.TOLERANCE
+    assert decode_gemm.worst_error([right.at[1, 0].add(0.25)], x, [w], r) > decode_gemm.TOLERANCE
 
 
 def test_candidates_are_distinct_and_start_with_the_pick():
-    configs = decode_gemm.candidate_configs(1, 4096, 6144, 132)
+    configs = decode_gemm.candidate_configs(1, 4096, (6144,), 132)
     assert configs[0] == decode_gemm.dm.decode_config(1, 4096, (6144,), sms=132)
     assert len(set(configs)) == len(configs) >= 3

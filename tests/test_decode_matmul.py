@@ -97,45 +97,68 @@ def _decline(m: int, k: int, ns: tuple[int, ...]) -> str | None:
 
 
 def test_automatic_dispatch_follows_the_measured_table():
-    """Used where the nearest measured shape ran at or under cuBLAS, declined with the figure
-    where it ran slower, declined as unmeasured far from every measured shape."""
+    """Used where the nearest measured launch ran at or under cuBLAS, declined with the figure
+    where it ran slower, declined as unmeasured far from every measured launch."""
     faster = [e for e in decode_configs.ENTRIES if e[2] <= 1.0]
     slower = [e for e in decode_configs.ENTRIES if e[2] > 1.0]
     assert faster and slower
-    for (m, k, n), _, _ in faster:
-        assert _decline(m, k, (n,)) is None
-    for (m, k, n), _, ratio in slower:
-        reason = _decline(m, k, (n,))
+    for (m, k, ns), _, _ in faster:
+        assert _decline(m, k, ns) is None
+    for (m, k, ns), _, ratio in slower:
+        reason = _decline(m, k, ns)
         assert f"{ratio:.3f}x cuBLAS" in reason and "impl='mosaic'" in reason
     assert "no measured shape nearby" in _decline(4, 256, (256,))
 
 
-def test_table_entry_serves_nearby_launches_and_the_model_the_rest():
-    (m, k, n), fields, ratio = decode_configs.ENTRIES[0]
-    assert dm.decode_config(m, k, (n,)) == dc.DecodeConfig(**fields)
-    # Within a factor of 2 in M, N split over two weights.
-    entry = dc.measured_entry(2 * m if m == 1 else m // 2, k, (n // 2, n - n // 2), sms=132)
-    assert entry.config == dc.DecodeConfig(**fields) and entry.ratio_to_cublas == ratio
+def _table(monkeypatch, *entries) -> None:
+    monkeypatch.setattr(decode_configs, "ENTRIES", entries)
+    monkeypatch.setattr(decode_configs, "PROVENANCE", {"sms": 132})
+
+
+def test_table_entry_serves_nearby_launches_and_the_model_the_rest(monkeypatch):
+    fields = dict(tile_n=128, tile_k=64, split_k=2, stages=8, warpgroups=1)
+    _table(monkeypatch, ((1, 2048, (3072,)), fields, 0.9))
+    assert dm.decode_config(1, 2048, (3072,)) == dc.DecodeConfig(**fields)
+    # Within a factor of 2 in M; N split over several weights.
+    entry = dc.measured_entry(2, 2048, (2048, 512, 512), sms=132)
+    assert entry.config == dc.DecodeConfig(**fields) and entry.ratio_to_cublas == 0.9
     # M = 8 against an M = 1 entry: cuBLAS runs another algorithm there; not served.
-    if m == 1:
-        assert dc.measured_entry(8, k, (n,), sms=132) is None
-    assert dc.measured_entry(m, k, (n,), sms=100) is None  # another GPU's table
+    assert dc.measured_entry(8, 2048, (3072,), sms=132) is None
+    assert dc.measured_entry(1, 2048, (3072,), sms=100) is None  # another GPU's table
     assert dm.decode_config(4, 256, (256,)) == dc._decode_config(4, 256, (256,), 132, 2)
 
 
-def test_table_writer_round_trips_a_run(tmp_path):
-    doc = dict(smoke=False, sms=132, rows=[dict(
-        shape=[1, 512, 1024], best="n64 s2 st12", ratio=0.95,
-        configs=[dict(label="n64 s2 st12", config=dict(tile_n=64, tile_k=64, split_k=2,
-                                                        stages=12, warpgroups=1))])],
-        environment=dict(date_utc="2026-12-01T00:00:00+00:00", devices=["NVIDIA H200"]))
-    source = decode_table_writer.table_source(doc, "python -m bench.decode_gemm", "abc1234")
+def test_entries_of_more_weights_do_not_serve_fewer(monkeypatch):
+    """An entry's ratio is against one dot per weight: a q/k/v entry does not speak for one
+    weight; a one-weight entry may for q/k/v, and the same count wins when both are near."""
+    one = dict(tile_n=64, tile_k=64, split_k=1, stages=12, warpgroups=1)
+    three = dict(tile_n=128, tile_k=64, split_k=1, stages=8, warpgroups=1)
+    _table(monkeypatch, ((1, 2048, (3072,)), one, 1.1), ((1, 2048, (2048, 512, 512)), three, 0.5))
+    assert dc.measured_entry(1, 2048, (3072,), sms=132).ratio_to_cublas == 1.1
+    assert dc.measured_entry(1, 2048, (2048, 512, 512), sms=132).ratio_to_cublas == 0.5
+    _table(monkeypatch, ((1, 2048, (2048, 512, 512)), three, 0.5))
+    assert dc.measured_entry(1, 2048, (3072,), sms=132) is None
+
+
+def test_table_writer_round_trips_runs(tmp_path):
+    def run(ns, ratio):
+        return dict(smoke=False, sms=132, rows=[dict(
+            shape=[1, 512, sum(ns)], ns=ns, best="n64 s2 st12", ratio=ratio,
+            configs=[dict(label="n64 s2 st12", config=dict(tile_n=64, tile_k=64, split_k=2,
+                                                            stages=12, warpgroups=1))])],
+            environment=dict(date_utc="2026-12-01T00:00:00+00:00", devices=["NVIDIA H200"]))
+
+    docs = [run([1024], 0.95), run([512, 512], 0.9), run([1024], 0.97)]
+    source = decode_table_writer.table_source(docs, "python -m bench.decode_gemm", "abc1234")
     namespace: dict = {}
     exec(compile(source, "decode_configs.py", "exec"), namespace)
     assert namespace["PROVENANCE"]["commit"] == "abc1234"
-    assert namespace["ENTRIES"] == (((1, 512, 1024), doc["rows"][0]["configs"][0]["config"], 0.95),)
+    config = docs[0]["rows"][0]["configs"][0]["config"]
+    # The later run's measurement of a launch replaces the earlier one.
+    assert namespace["ENTRIES"] == (((1, 512, (1024,)), config, 0.97),
+                                    ((1, 512, (512, 512)), config, 0.9))
     with pytest.raises(ValueError, match="smoke"):
-        decode_table_writer.table_source(dict(doc, smoke=True), "", "")
+        decode_table_writer.table_source([dict(docs[0], smoke=True)], "", "")
 
 
 @pytest.mark.parametrize("m", [1, 8, 16, 64])

@@ -141,7 +141,9 @@ def test_decode_rows_take_the_decode_gemm(m, bias, request, monkeypatch):
 
 def test_automatic_use_at_decode_follows_the_measured_table():
     s = jax.ShapeDtypeStruct
-    for (m, k, n), _, ratio in decode_configs.ENTRIES:
+    for (m, k, (n, *more)), _, ratio in decode_configs.ENTRIES:
+        if more:  # several weights: not a residual_dense launch
+            continue
         reason = mosaic_residual._slower_than_xla(s((m, k), jnp.bfloat16),
                                                   s((k, n), jnp.bfloat16), None, None)
         assert reason is None if ratio <= 1.0 else f"{ratio:.3f}x cuBLAS" in reason

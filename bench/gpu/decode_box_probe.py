@@ -28,17 +28,18 @@ ROWS = (1, 8, 64)
 
 
 def _variant(config, box: int, pad: bool):
-    def fn(x, w, r):
+    def fn(x, ws, r):
+        (w,) = ws
         m = x.shape[0]
         xr = pad_rows(x, box) if pad else x
         rr = pad_rows(r, box) if pad else r
         if config.split_k == 1:
             (y,) = dm._build(xr, [w], config=config, has_bias=False, interpret=False,
                              x_box=box)(xr, w, rr)
-            return y[:m]
+            return (y[:m],)
         (p,) = dm._build(xr, [w], config=config, has_bias=False, interpret=False,
                          x_box=box)(xr, w)
-        return (jnp.sum(p[:, :m], axis=0) * r[:, None]).astype(x.dtype)
+        return ((jnp.sum(p[:, :m], axis=0) * r[:, None]).astype(x.dtype),)
     return fn
 
 
@@ -57,9 +58,9 @@ def main() -> int:
                         "box8": _variant(config, box, False),
                         "box8_padded": _variant(config, box, True)}
             key = jax.random.key(m + k + n)
-            first = dg._inputs(key, m, k, n)
-            copies = timing.rotation_copies(sum(a.nbytes for a in first))
-            sets = [first] + [dg._inputs(jax.random.fold_in(key, c), m, k, n)
+            first = dg._inputs(key, m, k, (n,))
+            copies = timing.rotation_copies(sum(a.nbytes for a in jax.tree.leaves(first)))
+            sets = [first] + [dg._inputs(jax.random.fold_in(key, c), m, k, (n,))
                               for c in range(1, copies)]
             row = dict(shape=[m, k, n], config=dg._label(config), box=box, errors={}, us={})
             for name, fn in variants.items():
