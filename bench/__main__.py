@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--phase", type=_list_of(str, ("prefill", "train", "decode")),
                        default=("prefill", "train", "decode"),
                        help="phases to measure (default: prefill,train,decode)")
+    model.add_argument("--decode-batch", type=_list_of(int),
+                       help="decode batch sizes (default: each shape's, 1,8,64)")
     model.add_argument("--rounds", type=int, default=2,
                        help="rounds of the interleaved variants (default: 2)")
     led = parser.add_argument_group("ledger")
@@ -127,6 +129,8 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
 
     shapes = ([model_suite.QUICK] if args.quick else
               [model_suite.SHAPES[name] for name in args.model or model_suite.SHAPES])
+    if args.decode_batch:
+        shapes = [dataclasses.replace(s, decode_batches=tuple(args.decode_batch)) for s in shapes]
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
                     phases=args.phase, out=args.out)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")

@@ -10,11 +10,11 @@ automatic dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather t
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210',
-    'date': '2026-12-01T17:43:09+00:00',
+    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06)',
+    'date': '2026-12-01T18:11:39+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '2c4f233',
+    'commit': '2c4f233, f704e06',
 }
 
 # ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.
@@ -40,7 +40,7 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
     ((64, 2048, (16384,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.008),
     ((1, 8192, (2048,)),
-     {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 0.987),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 1.046),
     ((64, 8192, (2048,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 0.796),
     ((1, 1024, (4096,)),
@@ -51,4 +51,26 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.021),
     ((64, 2048, (128256,)),
      {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.003),
+    ((1, 2048, (2048, 512, 512)),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.319),
+    ((8, 2048, (2048, 512, 512)),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.931),
+    ((1, 2048, (2048,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 5, 'stages': 12, 'warpgroups': 1}, 0.470),
+    ((8, 2048, (2048,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 1.181),
+    ((8, 8192, (2048,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 1.098),
+    ((1, 1024, (2048, 1024, 1024)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.342),
+    ((8, 1024, (2048, 1024, 1024)),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.692),
+    ((1, 2048, (1024,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 0.536),
+    ((8, 2048, (1024,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 1.128),
+    ((1, 3072, (1024,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 0.348),
+    ((8, 3072, (1024,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 7, 'stages': 12, 'warpgroups': 1}, 1.277),
 )

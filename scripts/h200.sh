@@ -51,7 +51,7 @@ for name in "$@"; do
     decode-sweep) stage decode_sweep 230 python3 -m bench.decode_gemm --rows 1,64 --budget-s 210 \
                     --out "$WORK/decode_sweep" ;;
     decode-presets) stage decode_presets "${PRESETS_LIMIT:-170}" python3 -m bench.decode_gemm \
-                      --launches presets --rows "${ROWS:-1,8}" --configs 3 --budget-s 150 \
+                      --launches presets --rows "${ROWS:-1,8}" --configs 2 --budget-s 120 \
                       --out "$WORK/decode_presets" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
@@ -63,7 +63,7 @@ for name in "$@"; do
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench model "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
-             --phase "${PHASE:-prefill,train,decode}" ;;
+             --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;
