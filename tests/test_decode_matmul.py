@@ -97,10 +97,10 @@ def _decline(m: int, k: int, ns: tuple[int, ...]) -> str | None:
 
 
 def test_automatic_dispatch_follows_the_measured_table():
-    """Used where the nearest measured launch ran at or under cuBLAS, declined with the figure
-    where it ran slower, declined as unmeasured far from every measured launch."""
-    faster = [e for e in decode_configs.ENTRIES if e[2] <= 1.0]
-    slower = [e for e in decode_configs.ENTRIES if e[2] > 1.0]
+    """Used where the nearest measured launch ran at or under DECODE_MAX_RATIO of stock's dots,
+    declined with the figure above it, declined as unmeasured far from every measured launch."""
+    faster = [e for e in decode_configs.ENTRIES if e[2] <= mosaic_dense.DECODE_MAX_RATIO]
+    slower = [e for e in decode_configs.ENTRIES if e[2] > mosaic_dense.DECODE_MAX_RATIO]
     assert faster and slower
     for (m, k, ns), _, _ in faster:
         assert _decline(m, k, ns) is None

@@ -17,7 +17,7 @@ import pytest
 
 import jaxnorm
 from jaxnorm import row_stats
-from jaxnorm.backends import mosaic_residual
+from jaxnorm.backends import mosaic_dense, mosaic_residual
 from jaxnorm.dispatch import Unsupported
 from kernel_checks import assert_race_free
 from pallas_kernels import decode_configs, decode_matmul, gemm_config
@@ -146,7 +146,8 @@ def test_automatic_use_at_decode_follows_the_measured_table():
             continue
         reason = mosaic_residual._slower_than_xla(s((m, k), jnp.bfloat16),
                                                   s((k, n), jnp.bfloat16), None, None)
-        assert reason is None if ratio <= 1.0 else f"{ratio:.3f}x cuBLAS" in reason
+        assert (reason is None if ratio <= mosaic_dense.DECODE_MAX_RATIO
+                else f"{ratio:.3f}x cuBLAS" in reason)
 
 
 def test_automatic_use_declined_with_the_measurement():
