@@ -270,7 +270,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
 def _add_squares(squares: Array, x_tile) -> Array:
     """squares + x^2 (float32) of one [64, tile_k] x tile, read in the WGMMA layout. The proxy
     fence orders the read before the TMA that refills the slot once it is released."""
-    x = plgpu.load(x_tile, (), layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    x = plgpu.load(x_tile, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
     plgpu.commit_smem()
     return squares + x * x
 
