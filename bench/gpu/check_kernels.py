@@ -435,6 +435,77 @@ def gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# The decode gated kernel (M <= 64, pallas_kernels/decode_gated.py) at the presets' decode MLP
+# shapes: (K, d_ff, activation) of Llama-3.2-1B, Qwen3-0.6B, Qwen3-4B, Llama-3-8B, Gemma-3-1B,
+# smoke (K, d_ff); the gain folded (the row statistic in the kernel), no biases, as the models
+# call it; then a gain scaling x in XLA with biases. NaN isolated / repeatable at M = 8.
+DECODE_GATED_PRESETS = [((2048, 8192), (128, 192), "silu"), ((1024, 3072), (64, 128), "silu"),
+                        ((2560, 9728), (128, 320), "silu"), ((4096, 14336), (192, 192), "silu"),
+                        ((1152, 6912), (128, 192), "gelu_tanh")]
+DECODE_GATED_ROWS = (1, 8, 64)
+# (M, K, d_ff) full and smoke, activation, gain ("plain" or "gemma"), biases.
+DECODE_GATED_VARIANTS = [((8, 1152, 6912), (8, 128, 192), "gelu_tanh", "gemma", False),
+                         ((64, 2048, 8192), (64, 128, 192), "silu", "plain", True),
+                         ((1, 1024, 3072), (1, 64, 128), "gelu", "plain", True)]
+
+
+def decode_gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct (every preset and M), NaN isolated and repeatable (M = 8) for the decode
+    gated kernel through jaxnorm.rms_norm_gated_dense, judged by verify.gated."""
+    import jaxnorm
+    from verify import gated
+
+    specs = [((m, *full), (m, *smoke), activation, None, False)
+             for full, smoke, activation in DECODE_GATED_PRESETS for m in DECODE_GATED_ROWS]
+    specs += DECODE_GATED_VARIANTS
+    cases = []
+    for i, (full, smoke, activation, gain, biases) in enumerate(specs):
+        m, k, n = _size(full, smoke)
+        offset = 1.0 if gain == "gemma" else 0.0
+        label = (f"decode gated {activation} {m}x{k}x({n}+{n}) "
+                 f"{'gain ' + gain if gain else 'gain folded'}{' +biases' if biases else ''}")
+
+        def inputs(seed, m=m, k=k, n=n, gain=gain, biases=biases):
+            rng = np.random.default_rng(seed)
+            scale = None if gain is None else _draw(rng, (k,), F32, 0.2,
+                                                    1.0 if gain == "plain" else 0.0)
+            return dict(x=_draw(rng, (m, k), BF16), scale=scale,
+                        gate_kernel=_draw(rng, (k, n), BF16, 1 / np.sqrt(k)),
+                        up_kernel=_draw(rng, (k, n), BF16, 1 / np.sqrt(k)),
+                        gate_bias=_draw(rng, (n,), F32) if biases else None,
+                        up_bias=_draw(rng, (n,), F32) if biases else None)
+
+        def run(a, activation=activation, offset=offset):
+            return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
+                                                scale_offset=offset, impl=IMPL)
+
+        def judge(a, activation=activation, offset=offset, run=run):
+            ratio = gated.check_gated(run(a), **a, activation_name=activation,
+                                      scale_offset=offset, act_dtype=F32)
+            return f"err/tol {ratio:.3f}"
+
+        def correct(i=i, inputs=inputs, judge=judge):
+            return judge(inputs(700 + i))
+
+        cases.append(("correct", label, correct))
+        if m != 8:
+            continue
+
+        def nan_isolated(i=i, m=m, k=k, inputs=inputs, judge=judge):
+            a = inputs(800 + i)
+            a["x"] = np.array(a["x"])
+            a["x"][m // 2, k // 3] = np.nan
+            return judge(a)
+
+        def repeatable(i=i, inputs=inputs, run=run):
+            a = inputs(900 + i)
+            _assert_bitwise(run(a), run(a), "second call")
+            return "bitwise"
+
+        cases += [("NaN isolated", label, nan_isolated), ("repeatable", label, repeatable)]
+    return cases
+
+
 def _same_order(config: pn.PostNormConfig, reference: pn.PostNormConfig, kind: str) -> bool:
     """Whether two configs combine a row's partials in the same order (so y is bitwise
     equal): the same warpgroup tiles, partials read the same way."""
@@ -478,7 +549,7 @@ def main() -> int:
     start = time.time()
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
-    cases = op_cases() + kernel_cases() + residual_cases() + gated_cases()
+    cases = op_cases() + kernel_cases() + residual_cases() + gated_cases() + decode_gated_cases()
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]
