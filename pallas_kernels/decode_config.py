@@ -1,4 +1,4 @@
-"""Knobs, shape checks and per-shape selection of the decode GEMM (pallas_kernels/decode_matmul.py).
+"""Knobs, shape checks and per-shape selection of the decode kernels (decode_matmul, decode_gated).
 
 At decode (M <= 64) a GEMM only streams weights: the time is the weight bytes over
 the bandwidth the SMs pull together. `decode_config` picks the tiles and the

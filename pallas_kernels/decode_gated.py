@@ -1,4 +1,4 @@
-"""The gated MLP input at decode (M <= 64): act(RMSNorm(x) @ W_gate + b_g) * (RMSNorm(x) @ W_up + b_u).
+"""The gated MLP input at decode (M <= 64): act(RMSNorm(x) @ W_g + b_g) * (RMSNorm(x) @ W_u + b_u).
 
 One launch of the weight-streaming kernel (`pallas_kernels.decode_kernel`) with two
 streams: each work unit owns one N tile of both gate and up, so per K step the
