@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import report, timing
+from bench import decode_gemm, report, timing
 from pallas_kernels import decode_config as dc
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
@@ -134,13 +134,6 @@ def check(label: str, fn: Callable[..., jax.Array], first: tuple[jax.Array, ...]
     return entry
 
 
-def _best(timings: list[timing.Timing]) -> dict[str, Any]:
-    best = min(timings, key=lambda t: t.best_us)
-    return dict(us=best.best_us, kernel_us=best.kernel_us, wall_us=best.wall_us,
-                rounds_us=[t.best_us for t in timings], kernels=best.kernels,
-                cupti_error=best.cupti_error)
-
-
 def measure_shape(m: int, k: int, n: int, activation: str, configs: list[dc.DecodeConfig], *,
                   repeats: int, interpret: bool) -> list[dict[str, Any]]:
     """One entry per variant: checked, then the correct ones timed interleaved."""
@@ -160,7 +153,8 @@ def measure_shape(m: int, k: int, n: int, activation: str, configs: list[dc.Deco
     weight_bytes = 2 * k * n * 2
     for entry in entries:
         if entry["label"] in samples:
-            entry.update(_best(samples[entry["label"]]))
+            # The better round, as bench/decode_gemm.py keeps it.
+            entry.update(decode_gemm._best(samples[entry["label"]]))
             entry["tb_s"] = weight_bytes / (entry["us"] * 1e-6) / 1e12
     by_label = {e["label"]: e for e in entries}
     for entry in entries:
