@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import jax
 import jax.experimental.pallas as pl
@@ -62,12 +63,13 @@ def x_box_rows(m: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What one launch computes besides its tiles. `row_scale`: "given" (an [M] float32
-    input), "in_kernel" (from the x tiles; split_k = 1) or None (split-K partials)."""
+    input), "in_kernel" (from the x tiles, with `eps`; split_k = 1) or None (split-K
+    partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue."""
 
     n_tiles: tuple[int, ...]
     x_box: int
     has_bias: bool
-    row_scale: str | None
+    row_scale: Literal["given", "in_kernel"] | None
     streams: int = 1
     combine: Combine = None
     eps: float = 0.0
@@ -106,6 +108,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     scratch = dict(
         a_smem=_swizzled((stages, MAX_ROWS, tile_k), dtype, tile_k),
         # Swizzled by the per-warpgroup width: each warpgroup's part is whole swizzle tiles.
+        # One buffer per stream (b_smem, b1_smem, ...): one stream allocates what it always did.
         b_smem=_swizzled((stages, tile_k, cta_n), dtype, tile_n),
         **{f"b{j}_smem": _swizzled((stages, tile_k, cta_n), dtype, tile_n)
            for j in range(1, streams)},
