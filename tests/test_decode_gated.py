@@ -2,8 +2,8 @@
 interpreter with race detection, judged by verify's float64 reference of the gated MLP input.
 
 Uninitialized memory reads as NaN in the interpreter, so an element no unit writes fails the
-judge. N = 320 over 64-column tiles is five units on the interpreter's four CTAs (one CTA
-reuses its bias buffers); N = 192 over 128-column tiles ends in a half tile (pieces past N
+judge. N = 576 over 64-column tiles is nine units on the interpreter's four CTAs (one CTA
+runs three, refilling a bias buffer after the MMA warpgroup frees it); N = 192 over 128-column tiles ends in a half tile (pieces past N
 are skipped); K = 256 is four K steps through a three-slot ring, K = 64 a single step.
 """
 
@@ -44,7 +44,7 @@ def _inputs(rng, m, k, n, dtype=BF16, *, gain, biases) -> tuple[dict, dict]:
 # (M, K, N, tile_n, warpgroups, activation, gain, biases): every M of the issue, each
 # activation with the statistic in the kernel (gain None) and with a gain scaling x in XLA.
 CASES = {
-    "M1_N320_silu_stat_in_kernel_biases": (1, 256, 320, 64, 1, "silu", None, "gu"),
+    "M1_N576_silu_stat_in_kernel_biases": (1, 256, 576, 64, 1, "silu", None, "gu"),
     "M1_N192_gelu_tanh_gemma_gain": (1, 256, 192, 128, 1, "gelu_tanh", "gemma", ""),
     "M7_N192_gelu_tanh_stat_in_kernel": (7, 256, 192, 128, 1, "gelu_tanh", None, ""),
     "M7_K64_silu_one_k_step": (7, 64, 128, 64, 1, "silu", None, "u"),
