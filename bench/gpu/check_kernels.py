@@ -487,6 +487,36 @@ def decode_gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """The decode GEMM at split_k = 1 with no row scale given: the row statistic from the x
+    tiles in the kernel (q/k/v of an 8B model, both warpgroup counts), verify's judge."""
+    from pallas_kernels import decode_config as dc
+    from pallas_kernels import decode_matmul as dm
+
+    cases = []
+    for m, (tile_n, warpgroups) in ((1, (128, 1)), (8, (64, 2)), (64, (128, 1))):
+        m, k, n = _size((m, 4096, 4096), (m, 128, 256))
+        config = dc.deepest(dc.DecodeConfig(tile_n=tile_n, warpgroups=warpgroups), 2)
+
+        def correct(m=m, k=k, n=n, config=config):
+            rng = np.random.default_rng(m + 1000)
+            inputs = dict(x=_draw(rng, (m, k), BF16),
+                          kernel=[_draw(rng, (k, width), BF16, 1 / np.sqrt(k))
+                                  for width in (n, n // 4, n // 4)],
+                          bias=[_draw(rng, (n,), F32), None, None], eps=1e-6)
+            outs = dm.lazy_rms_decode_matmul(
+                jnp.asarray(inputs["x"]), [jnp.asarray(w) for w in inputs["kernel"]],
+                eps=inputs["eps"], biases=[None if b is None else jnp.asarray(b)
+                                           for b in inputs["bias"]],
+                config=config, interpret=INTERPRET)
+            return f"err/tol {checks.check_outputs('rms_norm_dense', outs, **inputs):.3f}"
+
+        label = (f"decode GEMM statistic in kernel {m}x{k}x({n}+{n // 4}+{n // 4}) "
+                 f"n{config.tile_n} wg{config.warpgroups}")
+        cases.append(("correct", label, correct))
+    return cases
+
+
 def _same_order(config: pn.PostNormConfig, reference: pn.PostNormConfig, kind: str) -> bool:
     """Whether two configs combine a row's partials in the same order (so y is bitwise
     equal): the same warpgroup tiles, partials read the same way."""
@@ -530,7 +560,8 @@ def main() -> int:
     start = time.time()
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
-    cases = op_cases() + kernel_cases() + residual_cases() + gated_cases() + decode_gated_cases()
+    cases = (op_cases() + kernel_cases() + residual_cases() + gated_cases()
+             + decode_gated_cases() + decode_gemm_statistic_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]
