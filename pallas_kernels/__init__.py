@@ -7,6 +7,9 @@
   sum in the epilogue (`gemm_epilogue`), the next pre-norm GEMM's statistics.
 - `decode_matmul` / `decode_config`: the decode GEMM (M <= 64): split-K work
   units that keep every SM streaming weights, the RMSNorm row scale in the epilogue.
+- `decode_gated`: the gated MLP input at decode (gate and up of one N tile per unit,
+  act(gate) * up in the epilogue); `decode_kernel` is the mainloop both share, with the
+  row statistic taken from the x tiles in the kernel where the gain is folded.
 - `row_norm`: standalone RMSNorm / LayerNorm, one HBM read and write per
   element; wide rows split across a thread-block cluster.
 - `post_norm_matmul`: Norm(x @ W + b [+ residual]) with a cluster covering whole

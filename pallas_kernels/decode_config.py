@@ -1,4 +1,4 @@
-"""Knobs, shape checks and per-shape selection of the decode GEMM (pallas_kernels/decode_matmul.py).
+"""Knobs, shape checks and per-shape selection of the decode kernels (decode_matmul, decode_gated).
 
 At decode (M <= 64) a GEMM only streams weights: the time is the weight bytes over
 the bandwidth the SMs pull together. `decode_config` picks the tiles and the
@@ -23,7 +23,6 @@ import jax.experimental.pallas as pl
 
 from pallas_kernels import decode_configs, gemm_config, hardware
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.padding import round_up
 
 # The rows of one wgmma (and of the x tile): decode's M is padded to it by TMA zero-fill.
 MAX_ROWS = 64
@@ -60,25 +59,18 @@ class DecodeConfig:
         return self.tile_n * self.warpgroups
 
 
-def x_box_rows(m: int) -> int:
-    """Rows of x's TMA box and of the output stores: M rounded up to the 8-row swizzle
-    atom. The wgmma still multiplies 64 rows; rows past the box hold stale SMEM and only
-    reach output rows that are never stored."""
-    return min(MAX_ROWS, round_up(m, 8))
-
-
 def epi_tile_n(split_k: int, itemsize: int) -> int:
     """Columns of one output staging piece: float32 partials or x.dtype outputs."""
     return EPI_N[4] if split_k > 1 else EPI_N[itemsize]
 
 
-def smem_bytes(config: DecodeConfig, itemsize: int) -> int:
-    """Pipeline slots, output staging (two pieces per warpgroup), the row scale, the
-    double-buffered bias tile, barriers."""
-    stage = (MAX_ROWS + config.cta_tile_n) * config.tile_k * itemsize
+def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1) -> int:
+    """Pipeline slots (x and `streams` weight tiles), output staging (two pieces per
+    warpgroup), the row scale, the double-buffered bias tiles, barriers."""
+    stage = (MAX_ROWS + streams * config.cta_tile_n) * config.tile_k * itemsize
     out_itemsize = 4 if config.split_k > 1 else itemsize
     out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config.split_k, itemsize) * out_itemsize
-    vectors = 4 * (MAX_ROWS + 2 * config.cta_tile_n)
+    vectors = 4 * (MAX_ROWS + 2 * streams * config.cta_tile_n)
     return stage * config.stages + out + vectors + 512
 
 
@@ -86,11 +78,13 @@ def check_shapes(
     x: jax.ShapeDtypeStruct | jax.Array,
     weights: Sequence[jax.ShapeDtypeStruct | jax.Array],
     config: DecodeConfig,
+    streams: int = 1,
 ) -> None:
     """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve).
 
     x and the weights as the lazy GEMM takes them (2-D, bf16/f16, K and every N
-    multiples of 64, one dtype), then the decode limits: M <= 64 and the knobs.
+    multiples of 64, one dtype), then the decode limits: M <= 64 and the knobs
+    (the SMEM of `streams` weight tiles per pipeline slot).
     """
     gemm_config.check_shapes(x, weights, gemm_config.TuningConfig(tile_m=64, tile_n=64))
     m, k = x.shape
@@ -108,7 +102,7 @@ def check_shapes(
         )
     if config.stages < 2:
         raise Unsupported(f"stages={config.stages} must be >= 2")
-    if smem_bytes(config, x.dtype.itemsize) > hardware.SMEM_BYTES_PER_CTA:
+    if smem_bytes(config, x.dtype.itemsize, streams) > hardware.SMEM_BYTES_PER_CTA:
         raise Unsupported(f"{config} needs more shared memory than a CTA has")
 
 
@@ -134,16 +128,17 @@ def _busy_seconds(works: list[float], rate_cap: float) -> float:
 
 
 def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *, sms: int,
-                     itemsize: int = 2) -> float:
-    """The model's kernel time of one launch (plus the split-K reduction), in seconds."""
+                     itemsize: int = 2, streams: int = 1) -> float:
+    """The model's kernel time of one launch (plus the split-K reduction), in seconds;
+    `streams` weights of [K, N_i] each per output (2: the gated kernel's gate and up)."""
     k_iters = k // config.tile_k
-    step_bytes = config.tile_k * config.cta_tile_n * itemsize
+    step_bytes = streams * config.tile_k * config.cta_tile_n * itemsize
     n_units = units(config, ns)
     works = [0.0] * min(sms, n_units)
     for u in range(n_units):
         lo, hi = split_bounds(u % config.split_k, k_iters, config.split_k)
         works[u % sms] += (hi - lo) * step_bytes
-    mma_seconds = 2 * MAX_ROWS * config.cta_tile_n * config.tile_k / SM_TENSOR_FLOPS
+    mma_seconds = 2 * streams * MAX_ROWS * config.cta_tile_n * config.tile_k / SM_TENSOR_FLOPS
     rate_cap = min(SM_PORT_BYTES_PER_S, config.stages * step_bytes / LOAD_LATENCY_S,
                    step_bytes / mma_seconds)
     seconds = _busy_seconds(works, rate_cap)
@@ -153,11 +148,12 @@ def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *,
     return seconds
 
 
-def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12) -> DecodeConfig:
+def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12,
+            streams: int = 1) -> DecodeConfig:
     """`config` with the most pipeline stages (<= max_stages) that fit in shared memory."""
     for stages in range(max_stages, 1, -1):
         fitted = dataclasses.replace(config, stages=stages)
-        if smem_bytes(fitted, itemsize) <= hardware.SMEM_BYTES_PER_CTA:
+        if smem_bytes(fitted, itemsize, streams) <= hardware.SMEM_BYTES_PER_CTA:
             return fitted
     raise Unsupported(f"{config}: not even two stages fit in shared memory")
 
@@ -229,4 +225,32 @@ def _decode_config(m: int, k: int, ns: tuple[int, ...], sms: int, itemsize: int)
                 best, best_seconds = config, seconds
     if best is None:
         raise Unsupported(f"K={k} must be a multiple of 64")
+    return best
+
+
+# The gated kernel's candidates (tile_n, warpgroups): two [64, tile_n] float32 accumulators per
+# MMA warpgroup cap tile_n at 128 (128 registers a thread, beside the row statistic's 32).
+GATED_TILES = ((64, 1), (128, 1), (64, 2), (128, 2))
+
+
+def gated_decode_config(m: int, k: int, n: int, *, sms: int = hardware.H200_SMS,
+                        itemsize: int = 2) -> DecodeConfig:
+    """The modelled-fastest config of the decode gated kernel (gate and up [K, n], M <= 64).
+
+    split_k is 1: act(gate) * up is not linear in K's partial sums. Candidates are
+    GATED_TILES, each with the deepest pipeline of x and both weight tiles that fits;
+    ties go to the earlier (narrower) one, whose units spread over more SMs.
+    """
+    return _gated_decode_config(m, k, n, sms, itemsize)
+
+
+@functools.lru_cache(maxsize=256)
+def _gated_decode_config(m: int, k: int, n: int, sms: int, itemsize: int) -> DecodeConfig:
+    best, best_seconds = None, float("inf")
+    for tile_n, warpgroups in GATED_TILES:
+        config = deepest(DecodeConfig(tile_n=tile_n, warpgroups=warpgroups), itemsize,
+                         streams=2)
+        seconds = modelled_seconds(config, m, k, (n,), sms=sms, itemsize=itemsize, streams=2)
+        if seconds < best_seconds * 0.999:
+            best, best_seconds = config, seconds
     return best

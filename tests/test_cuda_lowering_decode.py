@@ -24,12 +24,14 @@ SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384
           (8192, 2048), (1024, 4096), (2048, 128256)]
 
 
-def _lower(m: int, k: int, ns: tuple[int, ...], config: dc.DecodeConfig | None) -> None:
+def _lower(m: int, k: int, ns: tuple[int, ...], config: dc.DecodeConfig | None,
+           row_scale_given: bool = True) -> None:
     x, r = S((m, k), BF16), S((m,), jnp.float32)
     ws, bs = [S((k, n), BF16) for n in ns], [S((n,), jnp.float32) for n in ns]
 
     def fn(x, r, ws, bs):
-        return dm.lazy_rms_decode_matmul(x, ws, row_scale=r, biases=bs, config=config)
+        return dm.lazy_rms_decode_matmul(x, ws, row_scale=r if row_scale_given else None,
+                                         biases=bs, config=config)
 
     with jax.sharding.use_abstract_mesh(H200):
         lowered = jax.jit(fn).trace(x, r, ws, bs).lower(lowering_platforms=("cuda",))
@@ -54,3 +56,11 @@ def test_automatic_pick_lowers(m, shape):
 def test_configs_lower_for_fused_qkv(m, config):
     """q/k/v of an 8B model in one launch, over the knobs the bench sweeps."""
     _lower(m, 4096, (4096, 1024, 1024), config)
+
+
+@pytest.mark.parametrize("config", [dc.DecodeConfig(tile_n=128, stages=8),
+                                    dc.DecodeConfig(tile_n=64, stages=8, warpgroups=2)], ids=str)
+@pytest.mark.parametrize("m", [1, 64])
+def test_row_statistic_in_the_kernel_lowers(m, config):
+    """split_k = 1, no row scale given: the x tiles' squares summed in the MMA warpgroups."""
+    _lower(m, 4096, (4096, 1024, 1024), config, row_scale_given=False)

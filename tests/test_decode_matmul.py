@@ -66,6 +66,21 @@ def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, rng):
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
 
 
+# (M, split_k, tile_n, warpgroups): split_k = 1 takes the statistic from the x tiles in the
+# kernel; split_k = 2 from one XLA row reduction.
+STATISTIC_CASES = [(1, 1, 128, 1), (7, 1, 64, 2), (16, 2, 64, 1), (64, 1, 64, 1)]
+
+
+@pytest.mark.parametrize("m, split_k, tile_n, warpgroups", STATISTIC_CASES)
+def test_row_statistic_when_no_row_scale_is_given(m, split_k, tile_n, warpgroups, rng):
+    inputs = _inputs(rng, m, 256, QKV)
+    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups)
+    outs = dm.lazy_rms_decode_matmul(inputs["x"], inputs["kernel"], eps=inputs["eps"],
+                                     biases=inputs["bias"], config=config, interpret=True)
+    assert_race_free()
+    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+
+
 @pytest.mark.parametrize("m, split_k, dtype", [(3, 1, jnp.float16), (13, 2, BF16)])
 def test_gain_folded_into_x_without_biases(m, split_k, dtype, rng):
     """Gemma's (1 + g) gain scales x; no bias vectors; M = 13 pads x to 16 rows for TMA."""

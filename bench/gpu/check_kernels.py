@@ -18,6 +18,7 @@ $OUT (default: a temporary folder); exits 1 on a failure.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -392,50 +393,131 @@ GATED_CASES = [
 ]
 
 
-def gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
-    """correct / NaN isolated / repeatable for the gated gate/up kernel (verify.gated's judge)."""
+def _gated_inputs(seed: int, m: int, k: int, n: int, dtype, gain: str | None,
+                  biases: bool) -> dict[str, Any]:
+    """rms_norm_gated_dense's inputs; gain: None (folded or absent), "plain" (1 + 0.2 z) or
+    "gemma" (0.2 z, applied as 1 + g)."""
+    rng = np.random.default_rng(seed)
+    scale = None if gain is None else _draw(rng, (k,), F32, 0.2, 1.0 if gain == "plain" else 0.0)
+    return dict(x=_draw(rng, (m, k), dtype), scale=scale,
+                gate_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
+                up_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
+                gate_bias=_draw(rng, (n,), F32) if biases else None,
+                up_bias=_draw(rng, (n,), F32) if biases else None)
+
+
+def _gated_checks(label: str, inputs: Callable[[int], dict[str, Any]], activation: str,
+                  offset: float, seeds: tuple[int, int, int],
+                  checks: tuple[str, ...]) -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable of jaxnorm.rms_norm_gated_dense under IMPL on
+    `inputs(seed)`, judged by verify.gated (the epilogue's act(g) * u in float32)."""
     import jaxnorm
     from verify import gated
 
+    def run(a):
+        return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
+                                            scale_offset=offset, impl=IMPL)
+
+    def judge(a):
+        ratio = gated.check_gated(run(a), **a, activation_name=activation,
+                                  scale_offset=offset, act_dtype=F32)
+        return f"err/tol {ratio:.3f}"
+
+    def correct():
+        return judge(inputs(seeds[0]))
+
+    def nan_isolated():
+        a = inputs(seeds[1])
+        m, k = a["x"].shape
+        a["x"] = np.array(a["x"])
+        a["x"][m // 2, k // 3] = np.nan
+        return judge(a)
+
+    def repeatable():
+        a = inputs(seeds[2])
+        _assert_bitwise(run(a), run(a), "second call")
+        return "bitwise"
+
+    fns = {"correct": correct, "NaN isolated": nan_isolated, "repeatable": repeatable}
+    return [(check, label, fns[check]) for check in checks]
+
+
+ALL_CHECKS = ("correct", "NaN isolated", "repeatable")
+
+
+def gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable for the gated gate/up kernel (verify.gated's judge)."""
     cases = []
     for i, (full, smoke, activation, dtype, offset, biases) in enumerate(GATED_CASES):
         m, k, n = _size(full, smoke)
         label = f"gated_mlp_in {activation} {m}x{k}x({n}+{n}) {jnp.dtype(dtype).name}"
+        inputs = functools.partial(_gated_inputs, m=m, k=k, n=n, dtype=dtype,
+                                   gain="gemma" if offset else "plain", biases=biases)
+        cases += _gated_checks(label, inputs, activation, offset, (300 + i, 400 + i, 500 + i),
+                               ALL_CHECKS)
+    return cases
 
-        def inputs(seed, m=m, k=k, n=n, dtype=dtype, offset=offset, biases=biases):
-            rng = np.random.default_rng(seed)
-            return dict(x=_draw(rng, (m, k), dtype),
-                        scale=_draw(rng, (k,), F32, 0.2, 0.0 if offset else 1.0),
-                        gate_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
-                        up_kernel=_draw(rng, (k, n), dtype, 1 / np.sqrt(k)),
-                        gate_bias=_draw(rng, (n,), F32) if biases else None,
-                        up_bias=_draw(rng, (n,), F32) if biases else None)
 
-        def run(a, activation=activation, offset=offset):
-            return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
-                                                scale_offset=offset, impl=IMPL)
+# The decode gated kernel (M <= 64, pallas_kernels/decode_gated.py) at the presets' decode MLP
+# shapes: (K, d_ff, activation) of Llama-3.2-1B, Qwen3-0.6B, Qwen3-4B, Llama-3-8B, Gemma-3-1B,
+# smoke (K, d_ff); the gain folded (the row statistic in the kernel), no biases, as the models
+# call it; then a gain scaling x in XLA with biases. NaN isolated / repeatable at M = 8.
+DECODE_GATED_PRESETS = [((2048, 8192), (128, 192), "silu"), ((1024, 3072), (64, 128), "silu"),
+                        ((2560, 9728), (128, 320), "silu"), ((4096, 14336), (192, 192), "silu"),
+                        ((1152, 6912), (128, 192), "gelu_tanh")]
+DECODE_GATED_ROWS = (1, 8, 64)
+# (M, K, d_ff) full and smoke, activation, gain ("plain" or "gemma"), biases.
+DECODE_GATED_VARIANTS = [((8, 1152, 6912), (8, 128, 192), "gelu_tanh", "gemma", False),
+                         ((64, 2048, 8192), (64, 128, 192), "silu", "plain", True),
+                         ((1, 1024, 3072), (1, 64, 128), "gelu", "plain", True)]
 
-        def judge(a, activation=activation, offset=offset, run=run):
-            ratio = gated.check_gated(run(a), **a, activation_name=activation,
-                                      scale_offset=offset, act_dtype=F32)
-            return f"err/tol {ratio:.3f}"
 
-        def correct(i=i, inputs=inputs, judge=judge):
-            return judge(inputs(300 + i))
+def decode_gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct (every preset and M), NaN isolated and repeatable (M = 8) for the decode
+    gated kernel through jaxnorm.rms_norm_gated_dense, judged by verify.gated."""
+    specs = [((m, *full), (m, *smoke), activation, None, False)
+             for full, smoke, activation in DECODE_GATED_PRESETS for m in DECODE_GATED_ROWS]
+    specs += DECODE_GATED_VARIANTS
+    cases = []
+    for i, (full, smoke, activation, gain, biases) in enumerate(specs):
+        m, k, n = _size(full, smoke)
+        label = (f"decode gated {activation} {m}x{k}x({n}+{n}) "
+                 f"{'gain ' + gain if gain else 'gain folded'}{' +biases' if biases else ''}")
+        inputs = functools.partial(_gated_inputs, m=m, k=k, n=n, dtype=BF16, gain=gain,
+                                   biases=biases)
+        cases += _gated_checks(label, inputs, activation, 1.0 if gain == "gemma" else 0.0,
+                               (700 + i, 800 + i, 900 + i),
+                               ALL_CHECKS if m == 8 else ("correct",))
+    return cases
 
-        def nan_isolated(i=i, m=m, k=k, inputs=inputs, judge=judge):
-            a = inputs(400 + i)
-            a["x"] = np.array(a["x"])
-            a["x"][m // 2, k // 3] = np.nan
-            return judge(a)
 
-        def repeatable(i=i, inputs=inputs, run=run):
-            a = inputs(500 + i)
-            _assert_bitwise(run(a), run(a), "second call")
-            return "bitwise"
+def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """The decode GEMM at split_k = 1 with no row scale given: the row statistic from the x
+    tiles in the kernel (q/k/v of an 8B model, both warpgroup counts), verify's judge."""
+    from pallas_kernels import decode_config as dc
+    from pallas_kernels import decode_matmul as dm
 
-        cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
-                  ("repeatable", label, repeatable)]
+    cases = []
+    for m, (tile_n, warpgroups) in ((1, (128, 1)), (8, (64, 2)), (64, (128, 1))):
+        m, k, n = _size((m, 4096, 4096), (m, 128, 256))
+        config = dc.deepest(dc.DecodeConfig(tile_n=tile_n, warpgroups=warpgroups), 2)
+
+        def correct(m=m, k=k, n=n, config=config):
+            rng = np.random.default_rng(m + 1000)
+            inputs = dict(x=_draw(rng, (m, k), BF16),
+                          kernel=[_draw(rng, (k, width), BF16, 1 / np.sqrt(k))
+                                  for width in (n, n // 4, n // 4)],
+                          bias=[_draw(rng, (n,), F32), None, None], eps=1e-6)
+            outs = dm.lazy_rms_decode_matmul(
+                jnp.asarray(inputs["x"]), [jnp.asarray(w) for w in inputs["kernel"]],
+                eps=inputs["eps"], biases=[None if b is None else jnp.asarray(b)
+                                           for b in inputs["bias"]],
+                config=config, interpret=INTERPRET)
+            return f"err/tol {checks.check_outputs('rms_norm_dense', outs, **inputs):.3f}"
+
+        label = (f"decode GEMM statistic in kernel {m}x{k}x({n}+{n // 4}+{n // 4}) "
+                 f"n{config.tile_n} wg{config.warpgroups}")
+        cases.append(("correct", label, correct))
     return cases
 
 
@@ -482,7 +564,8 @@ def main() -> int:
     start = time.time()
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
-    cases = op_cases() + kernel_cases() + residual_cases() + gated_cases()
+    cases = (op_cases() + kernel_cases() + residual_cases() + gated_cases()
+             + decode_gated_cases() + decode_gemm_statistic_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]

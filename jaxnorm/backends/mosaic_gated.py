@@ -1,4 +1,6 @@
-"""Mosaic GPU backend of the gated MLP input: `pallas_kernels.gated_matmul`.
+"""Mosaic GPU backend of the gated MLP input: `pallas_kernels.gated_matmul`, and at decode
+(M <= 64) `pallas_kernels.decode_gated` (one weight-streaming launch, the row statistic in the
+kernel when the gain is folded).
 
 Serves bfloat16/float16 activations with weights of the same dtype, K and N
 multiples of 64, any M >= 1. Anything else raises `Unsupported` with the
@@ -13,7 +15,7 @@ import jax
 from jaxnorm.backends.mosaic_dense import _check
 from jaxnorm.backends.xla_gated import OP
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import gated_matmul
+from pallas_kernels import decode_gated, gated_matmul
 
 Array = jax.Array
 
@@ -23,7 +25,9 @@ def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_k
                          gate_bias: Array | None, up_bias: Array | None, *, activation: str,
                          eps: float, scale_offset: float, interpret: bool) -> Array:
     x = _check(x, (gate_kernel, up_kernel), OP, interpret)
-    return gated_matmul.gated_rms_matmul(
+    kernel = (decode_gated.decode_gated_rms_matmul if x.shape[0] <= decode_gated.MAX_ROWS
+              else gated_matmul.gated_rms_matmul)
+    return kernel(
         x, gate_kernel, up_kernel, activation=activation, eps=eps, scale=scale,
         scale_offset=scale_offset, gate_bias=gate_bias, up_bias=up_bias, interpret=interpret)
 
@@ -38,6 +42,10 @@ MIN_MEASURED_ROWS = 4096
 @decline_automatic(OP)
 def _not_measured_faster(x, *args, **kwargs) -> str | None:
     """The kernel runs under impl=None only at the row counts where it measured faster."""
+    if x.shape[0] <= decode_gated.MAX_ROWS:
+        return (f"at M={x.shape[0]} the decode gated kernel (pallas_kernels/decode_gated.py) "
+                "is not yet measured against XLA's norm + two dots + act * up on the H200 "
+                "(bench/decode_groups.py); impl='mosaic' forces it")
     if x.shape[0] >= MIN_MEASURED_ROWS:
         return None
     return (f"at M={x.shape[0]} < {MIN_MEASURED_ROWS} the gated gate/up kernel is not measured "

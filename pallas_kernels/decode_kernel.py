@@ -1,0 +1,331 @@
+"""The decode kernel (M <= 64): one weight-streaming mainloop, the epilogue a parameter.
+
+At decode a GEMM is a read of its weights, so what matters is that every SM
+streams them at once. Work units are (output, N tile, K split) over the
+concatenated N of all outputs (q/k/v in one launch); with `split_k` = S > 1
+there are S times as many units as N tiles, each over 1/S of K. Each output
+has `streams` weights multiplied by the same x tile: 1 for a plain product,
+2 for the gated MLP input (gate and up of one N tile in one unit).
+
+    warpgroups 0..W-1  MMA: per K step wait `produced[slot]`, one wgmma per stream
+                       into its [64, tile_n] float32 accumulator, release the previous
+                       step's slot (`consumed`, one step's wgmmas left in flight). With
+                       the statistic in-kernel, also the x tile's squares (float32) into
+                       a [64, 64] register sum. Per unit, S = 1: the epilogue (row
+                       scale, bias, `combine` of the streams, cast to x.dtype); S > 1:
+                       the float32 partial into its own [s] plane of a [S, M, N_i]
+                       output, so every element is written by one unit (race-free).
+    warpgroup W        memory: TMA the row scale once (when given) and each unit's bias
+                       tiles (double-buffered, `vec_ready`/`vec_free`), and per K step the
+                       [x_box, tile_k] x tile (M rounded up to 8 rows, `x_box_rows`;
+                       rows past M: TMA zero-fill) and each stream's
+                       [tile_k, W * tile_n] weight tile into the next of `stages` slots.
+
+A step counter runs across a CTA's units, so the pipeline never drains between
+them. The row statistic in-kernel (S = 1 only, where a unit sees all of K): the
+x tile is read from shared memory in the WGMMA layout, the one Mosaic loads a
+128-byte-swizzled tile into and reduces along rows inside a warp; it needs 64
+rows, so rows past the box (never written) are read too and reach only output
+rows that are never stored. Knobs and selection: pallas_kernels/decode_config.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
+                                          units)
+from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
+from pallas_kernels.padding import round_up
+from pallas_kernels.row_stats import safe_rsqrt
+
+Array = jax.Array
+# y of one output piece from its streams' r * acc + b (float32): None keeps the one stream.
+Combine = Callable[[list[Array]], Array] | None
+
+
+def x_box_rows(m: int) -> int:
+    """Rows of x's TMA box and of the output stores: M rounded up to the 8-row swizzle
+    atom. The wgmma still multiplies 64 rows; rows past the box hold stale SMEM and only
+    reach output rows that are never stored."""
+    return min(MAX_ROWS, round_up(m, 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one launch computes besides its tiles. `row_scale`: "given" (an [M] float32
+    input), "in_kernel" (from the x tiles, with `eps`; split_k = 1) or None (split-K
+    partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue."""
+
+    n_tiles: tuple[int, ...]
+    x_box: int
+    has_bias: bool
+    row_scale: Literal["given", "in_kernel"] | None
+    streams: int = 1
+    combine: Combine = None
+    eps: float = 0.0
+
+
+def _kernel(*refs, config: DecodeConfig, plan: Plan):
+    refs = list(refs)
+    split, streams, n_tiles = config.split_k, plan.streams, list(plan.n_tiles)
+    num_outputs = len(n_tiles)
+    x_gmem = refs.pop(0)
+    w_gmems = [refs.pop(0) for _ in range(num_outputs * streams)]
+    row_gmem = refs.pop(0) if plan.row_scale == "given" else None
+    bias_gmems = [refs.pop(0) for _ in range(num_outputs * streams)] if plan.has_bias else None
+    out_gmems = [refs.pop(0) for _ in range(num_outputs)]
+    assert not refs, refs
+
+    dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
+    k = x_gmem.shape[1]
+    k_iters = k // config.tile_k
+    tile_n, tile_k, cta_n = config.tile_n, config.tile_k, config.cta_tile_n
+    stages, num_mma, x_box = config.stages, config.warpgroups, plan.x_box
+    epi_n = epi_tile_n(split, jnp.dtype(dtype).itemsize)
+    weights_n = [w.shape[1] for w in w_gmems[::streams]]
+    n_units = units(config, weights_n)
+    n_starts = [sum(n_tiles[:i]) for i in range(num_outputs)]
+    in_kernel = plan.row_scale == "in_kernel"
+
+    def unit_coords(u):
+        """(global N tile, split, first K step, K steps) of unit u."""
+        tile, s = lax.div(u, split), lax.rem(u, split)
+        lo, hi = split_bounds(s, k_iters, split)
+        return tile, s, lo, hi - lo
+
+    owner = functools.partial(for_weight, n_starts, n_tiles)
+
+    scratch = dict(
+        a_smem=_swizzled((stages, MAX_ROWS, tile_k), dtype, tile_k),
+        # Swizzled by the per-warpgroup width: each warpgroup's part is whole swizzle tiles.
+        # One buffer per stream (b_smem, b1_smem, ...): one stream allocates what it always did.
+        b_smem=_swizzled((stages, tile_k, cta_n), dtype, tile_n),
+        **{f"b{j}_smem": _swizzled((stages, tile_k, cta_n), dtype, tile_n)
+           for j in range(1, streams)},
+        out_smem=_swizzled((num_mma, 2, MAX_ROWS, epi_n), out_dtype, epi_n),
+        # x and every stream's weight tile arrive on one produced barrier.
+        produced=plgpu.Barrier(num_arrivals=1 + streams, num_barriers=stages),
+        consumed=plgpu.Barrier(num_arrivals=num_mma, num_barriers=stages),
+    )
+    if row_gmem is not None:
+        scratch["row_smem"] = plgpu.SMEM((MAX_ROWS,), jnp.float32)
+        scratch["row_ready"] = plgpu.Barrier(num_arrivals=1)
+    if plan.has_bias:
+        scratch["bias_smem"] = plgpu.SMEM((2, cta_n), jnp.float32)
+        scratch.update({f"bias{j}_smem": plgpu.SMEM((2, cta_n), jnp.float32)
+                        for j in range(1, streams)})
+        scratch["vec_ready"] = plgpu.Barrier(num_arrivals=streams, num_barriers=2)
+        scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma, num_barriers=2)
+
+    def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
+             vec_ready=None, vec_free=None, **streamed):
+        b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
+        bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
+                      if plan.has_bias else None)
+        wg_idx = lax.axis_index("wg")
+
+        def memory_warpgroup():
+            plgpu.set_max_registers(40, action="decrease")
+            if row_gmem is not None:
+                plgpu.copy_gmem_to_smem(row_gmem.at[pl.ds(0, x_box)], row_smem.at[pl.ds(0, x_box)],
+                                        row_ready)
+
+            @plgpu.nd_loop((n_units,), collective_axes="sm",
+                           init_carry=(jnp.int32(0), jnp.int32(0)))
+            def totals(loop_info, carry):
+                step0, _ = carry
+                tile, _, k_lo, k_steps = unit_coords(loop_info.index[0])
+                if plan.has_bias:
+                    parity = lax.rem(loop_info.local_index, 2)
+
+                    # The MMA warpgroups must be done with what this buffer held two units ago.
+                    @pl.when(loop_info.local_index >= 2)
+                    def _():
+                        plgpu.barrier_wait(vec_free.at[parity])
+
+                    def load_bias(i, local_n):
+                        for j, bias_smem in enumerate(bias_smems):
+                            plgpu.copy_gmem_to_smem(
+                                bias_gmems[i * streams + j].at[pl.ds(local_n * cta_n, cta_n)],
+                                bias_smem.at[parity], vec_ready.at[parity])
+
+                    owner(tile, load_bias)
+
+                def issue(i, local_n):
+                    @pl.loop(0, k_steps)
+                    def _k(j):
+                        step = step0 + j
+                        slot = lax.rem(step, stages)
+
+                        @pl.when(step >= stages)
+                        def _():
+                            plgpu.barrier_wait(consumed.at[slot])
+
+                        k_slice = pl.ds((k_lo + j) * tile_k, tile_k)
+                        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, x_box), k_slice],
+                                                a_smem.at[slot, pl.ds(0, x_box)],
+                                                produced.at[slot])
+                        for s_, b_smem in enumerate(b_smems):
+                            plgpu.copy_gmem_to_smem(
+                                w_gmems[i * streams + s_].at[k_slice,
+                                                             pl.ds(local_n * cta_n, cta_n)],
+                                b_smem.at[slot], produced.at[slot])
+
+                owner(tile, issue)
+                return step0 + k_steps, loop_info.local_index + 1
+
+            total_steps, local_units = totals
+
+            drain_releases(consumed, total_steps, stages)
+            if plan.has_bias:
+                drain_releases(vec_free, local_units, 2)
+
+        def mma_warpgroup():
+            # Registers per thread: at most 2 x 232 + 40 (memory) = 504 <= 512.
+            plgpu.set_max_registers(232, action="increase")
+            wg_n0 = wg_idx * tile_n
+            if row_gmem is not None:
+                plgpu.barrier_wait(row_ready)
+
+            @plgpu.nd_loop((n_units,), collective_axes="sm", init_carry=jnp.int32(0))
+            def _units(loop_info, carry):
+                step0 = carry
+                tile, s, _, k_steps = unit_coords(loop_info.index[0])
+                parity = lax.rem(loop_info.local_index, 2)
+
+                def k_loop(*acc_refs):
+                    def step_fn(j, carry):
+                        slot = lax.rem(step0 + j, stages)
+                        plgpu.barrier_wait(produced.at[slot])
+                        for acc_ref, b_smem in zip(carry[0] if in_kernel else carry, b_smems):
+                            plgpu.wgmma(acc_ref, a_smem.at[slot],
+                                        b_smem.at[slot, :, pl.ds(wg_n0, tile_n)])
+                        if in_kernel:
+                            carry = carry[0], _add_squares(carry[1], a_smem.at[slot])
+                        # The previous step's wgmmas are done: its slot may be refilled.
+                        plgpu.wgmma_wait(streams)
+
+                        @pl.when(j > 0)
+                        def _():
+                            plgpu.barrier_arrive(consumed.at[lax.rem(step0 + j - 1, stages)])
+
+                        return carry
+
+                    init = ((acc_refs, jnp.zeros((MAX_ROWS, tile_k), jnp.float32)) if in_kernel
+                            else acc_refs)
+                    carry = lax.fori_loop(0, k_steps, step_fn, init)
+                    plgpu.wgmma_wait(0)
+                    plgpu.barrier_arrive(consumed.at[lax.rem(step0 + k_steps - 1, stages)])
+                    return [acc_ref[...] for acc_ref in acc_refs], carry[1] if in_kernel else None
+
+                acc_type = plgpu.ACC((MAX_ROWS, tile_n), jnp.float32)
+                accs, squares = pl.run_scoped(k_loop, *[acc_type] * streams)
+                biases = None
+                if plan.has_bias:
+                    plgpu.barrier_wait(vec_ready.at[parity])
+                    biases = [b.at[parity, pl.ds(wg_n0, tile_n)] for b in bias_smems]
+
+                def store(src, c):
+                    def copy(i, local_n):
+                        dst = out_gmems[i] if split == 1 else out_gmems[i].at[s]
+                        plgpu.copy_smem_to_gmem(src.at[pl.ds(0, x_box)],
+                                                dst.at[pl.ds(0, x_box),
+                                                       pl.ds(local_n * cta_n + wg_n0 + c, epi_n)])
+
+                    owner(tile, copy)
+
+                # Columns of this tile inside its weight: pieces past them are skipped whole
+                # (their TMA stores wrote over valid columns on the H200, docs/mosaic-notes.md).
+                cols_left = sum(
+                    jnp.where((tile >= lo) & (tile < lo + t), n - (tile - lo) * cta_n - wg_n0, 0)
+                    for lo, t, n in zip(n_starts, n_tiles, weights_n))
+                scale_of = None
+                if row_smem is not None:
+                    def scale_of():
+                        return plgpu.load(row_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+                elif in_kernel:
+                    def scale_of():
+                        return safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + plan.eps)
+                _epilogue(accs, out_smem.at[wg_idx], store, cols_left, scale_of=scale_of,
+                          biases=biases, combine=plan.combine, epi_n=epi_n, out_dtype=out_dtype)
+                if plan.has_bias:
+                    # The fence orders the bias reads before the TMA that refills the buffer.
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(vec_free.at[parity])
+                return step0 + k_steps
+
+        lax.cond(wg_idx == num_mma, memory_warpgroup, mma_warpgroup)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    pl.run_scoped(body, **scratch, collective_axes="wg")
+
+
+def _add_squares(squares: Array, x_tile) -> Array:
+    """squares + x^2 (float32) of one [64, tile_k] x tile, read in the WGMMA layout. The proxy
+    fence orders the read before the TMA that refills the slot once it is released."""
+    x = plgpu.load(x_tile, layout=plgpu.Layout.WGMMA).astype(jnp.float32)
+    plgpu.commit_smem()
+    return squares + x * x
+
+
+def _epilogue(accs: list[Array], out_smem, store, cols_left: Array, *, scale_of, biases,
+              combine: Combine, epi_n: int, out_dtype) -> None:
+    """y = combine(r * acc_j + b_j over the streams j) (r, b where given), stored in
+    [64, epi_n] pieces double-buffered in out_smem; pieces at or past `cols_left` are
+    skipped whole, so that every wait below counts only stores that were issued."""
+    tile_n = accs[0].shape[1]
+    col_layout = plgpu.Layout.WGMMA.reduce(0)
+    scale = None if scale_of is None else scale_of()
+    # Drain any store still reading out_smem from the previous unit.
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    for ni in range(tile_n // epi_n):
+
+        @pl.when(ni * epi_n < cols_left)
+        def _piece():
+            cols = slice(ni * epi_n, (ni + 1) * epi_n)
+            values = []
+            for j, acc in enumerate(accs):
+                y = acc[:, cols]
+                if scale is not None:
+                    y = y * lax.broadcast_in_dim(scale, y.shape, [0])
+                if biases is not None:
+                    b = plgpu.load(biases[j].at[cols], layout=col_layout)
+                    y = y + lax.broadcast_in_dim(b, y.shape, [1])
+                values.append(y)
+            y = values[0] if combine is None else combine(values)
+            slot = ni % 2
+            # The store issued two pieces ago read this slot; wait until it has.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[slot] = y.astype(out_dtype)
+            plgpu.commit_smem()
+            store(out_smem.at[slot], ni * epi_n)
+
+
+def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtypeStruct], *,
+          config: DecodeConfig, plan: Plan, interpret: bool):
+    """The launch: `weights` output-major (each output's `plan.streams` weights together)."""
+    n_units = units(config, [w.shape[1] for w in weights[::plan.streams]])
+    params = dict(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+    if plan.row_scale == "in_kernel":
+        # The row sum of squares stays inside each warp (WGMMA layout): no SMEM scratch.
+        params["reduction_scratch_bytes"] = 0
+    return plgpu.kernel(
+        functools.partial(_kernel, config=config, plan=plan),
+        out_type=tuple(out_types),
+        grid=(min(grid_ctas(interpret), n_units),),
+        grid_names=("sm",),
+        num_threads=config.warpgroups + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(**params),
+        interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else None,
+    )

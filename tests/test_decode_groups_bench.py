@@ -1,0 +1,55 @@
+"""bench/decode_groups.py's code path on CPU (--smoke: a tiny shape under the interpreter):
+every variant is checked before it is timed, and the JSON and Markdown hold it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+
+from bench import decode_groups
+
+
+def test_smoke_run_checks_times_and_reports(tmp_path):
+    args = ["--smoke", "--out", str(tmp_path), "--budget-s", "600", "--configs", "2"]
+    assert decode_groups.main(args) == 0
+    payload = json.loads((tmp_path / "decode-groups.json").read_text())
+    assert payload["smoke"] and not payload["skipped"]
+    (row,) = payload["rows"]
+    assert row["shape"] == [8, 128, 192] and row["activation"] == "silu"
+    labels = [e["label"] for e in row["variants"]]
+    # Two kernel configs (the pick first), then the two XLA baselines.
+    assert labels[2:] == [decode_groups.STOCK, decode_groups.FLOOR] and len(labels) == 4
+    pick = decode_groups.candidate_configs(8, 128, 192, 4)[0]
+    assert row["variants"][0]["config"] == dataclasses.asdict(pick)
+    for entry in row["variants"]:
+        assert entry["correct"] and entry["us"] > 0
+        assert entry["vs_stock"] == entry["us"] / row["variants"][2]["us"]
+    assert all(e["err_tol"] <= 1.0 for e in row["variants"][:3])
+    assert row["variants"][3]["error"] <= decode_groups.FLOOR_TOLERANCE
+    assert "| 8x128x(192+192) | silu |" in (tmp_path / "decode-groups.md").read_text()
+
+
+def test_a_wrong_floor_is_caught_by_the_check():
+    """The floor's check fails a result off by more than bf16 rounding."""
+    key = jax.random.key(0)
+    x, _, wg, wu = decode_groups._inputs(key, 4, 64, 64)
+    right = jax.nn.silu(x @ wg) * (x @ wu)
+    assert decode_groups.floor_error(right, x, wg, wu, "silu") <= decode_groups.FLOOR_TOLERANCE
+    wrong = right.at[1, 3].add(jnp.asarray(0.5, right.dtype))
+    assert decode_groups.floor_error(wrong, x, wg, wu, "silu") > decode_groups.FLOOR_TOLERANCE
+
+
+def test_a_wrong_kernel_is_reported_not_timed():
+    """A variant whose output the float64 judge rejects is marked wrong (never timed)."""
+    first = decode_groups._inputs(jax.random.key(1), 4, 64, 64)
+    entry = decode_groups.check("decode gated wrong", lambda x, g, wg, wu: x @ wg, first, "silu")
+    assert not entry["correct"] and "failure" in entry
+
+
+def test_candidates_are_distinct_and_start_with_the_pick():
+    configs = decode_groups.candidate_configs(1, 4096, 14336, 132)
+    assert configs[0] == decode_groups.dc.gated_decode_config(1, 4096, 14336, sms=132)
+    assert len(set(configs)) == len(configs) >= 3
