@@ -55,6 +55,23 @@ def of_rows(h: Array) -> RowStats:
     return RowStats(mean, m2, h.shape[-1])
 
 
+def of_split_rows(h32: Array, axis_name: tuple) -> RowStats:
+    """Two-pass float32 statistics of rows whose columns are split over `axis_name` (inside
+    `jax.shard_map`): the row sum, then the squared deviations about the whole row's mean,
+    each psum-ed; h32 is this shard's columns."""
+    n = h32.shape[-1] * jax.lax.psum(1, axis_name)
+    mean = jax.lax.psum(jnp.sum(h32, axis=-1), axis_name) / n
+    m2 = jax.lax.psum(jnp.sum(jnp.square(h32 - mean[..., None]), axis=-1), axis_name)
+    return RowStats(mean, m2, n)
+
+
+def output_cotangent(h: Array, mean: Array, dh: Array, d_mean: Array, d_m2: Array) -> Array:
+    """float32 cotangent of h when h's RowStats are outputs too: with mean = sum(h) / N and
+    M2 = sum((h - mean)^2), dH = dh + d_mean / N + 2 d_m2 (h - mean)."""
+    centred = h.astype(F32) - mean[..., None]
+    return dh.astype(F32) + d_mean[..., None] / h.shape[-1] + 2.0 * d_m2[..., None] * centred
+
+
 def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple[Array, Array]:
     """(mean, M2) per row from P column blocks' partial (sum, M2) [P, M].
 
