@@ -209,3 +209,62 @@ def test_kernel_through_the_op_with_padded_rows(rng, op):
     assert h.shape == h_xla.shape
     assert vr.check_post_norm_statistics_grad(op, "interpret", **inputs) <= 1.0
     assert_race_free()
+
+
+# ------------------------------------------------------------------ the models
+
+
+@pytest.mark.parametrize("preset, tied", [("gemma2", True), ("gemma3", False), ("olmo2", False)])
+def test_models_hand_post_norm_statistics_to_the_next_input_norm(monkeypatch, preset, tied):
+    """Fused Gemma 2/3: every post-sublayer norm op returns its sum's statistics, and every
+    later layer's input norm (and an untied head's) takes the previous layer's, equal to
+    those of the stream it reads; OLMo 2 (no input norms) asks for none. Logits match the
+    stock network's."""
+    from flax import nnx
+
+    from jaxnorm import models
+    from jaxnorm import ops
+
+    cfg = getattr(models, preset)(n_layers=2, tied_embeddings=tied)
+    asked, given = [], []
+    real_post, real_pre = jaxnorm.dense_rms_norm, ops.rms_norm_dense
+
+    def post(*a, **k):
+        asked.append(k.get("return_statistics", False))
+        return real_post(*a, **k)
+
+    def pre(x, *a, statistics=None, **k):
+        if statistics is not None:
+            ref = row_stats.of_rows(x)
+            np.testing.assert_allclose(statistics.mean, ref.mean, rtol=1e-5,
+                                       atol=1e-5 * float(jnp.max(jnp.abs(x))))
+            np.testing.assert_allclose(statistics.m2, ref.m2, rtol=1e-4)
+        given.append(statistics is not None)
+        return real_pre(x, *a, statistics=statistics, **k)
+
+    monkeypatch.setattr(jaxnorm, "dense_rms_norm", post)
+    monkeypatch.setattr(ops, "rms_norm_dense", pre)
+    tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
+    fused, _ = models.Transformer(cfg.replace(fused=True), rngs=nnx.Rngs(0))(tokens)
+    if cfg.pre_norms:
+        assert asked == [True] * (2 * cfg.n_layers)
+        # layer 0's attention input norm reads the embedding; the head is untied or a norm
+        assert given == [False] + [True] * (cfg.n_layers - 1) + ([] if tied else [True])
+    else:
+        assert not any(asked) and len(asked) == 4 * cfg.n_layers  # o, down, q and k norms
+    monkeypatch.undo()
+    stock, _ = models.Transformer(cfg.replace(fused=False), rngs=nnx.Rngs(0))(tokens)
+    np.testing.assert_allclose(fused, stock, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(stock))))
+
+
+def test_identity_statistics_of_the_post_norm_sum_from_tile_partials(rng):
+    """verify's identity: h = r + RMSNorm(x W; g) has the statistics Chan's combine of its
+    per-tile (sum, M2) gives, rows of |mean| ~ 1e3 included."""
+    from verify import identities
+
+    x, w = rng.standard_normal((4, 16)), rng.standard_normal((16, 64))
+    r = rng.standard_normal((4, 64)) + rng.uniform(-1e3, 1e3, (4, 1))
+    g = rng.standard_normal(64)
+    assert identities.residual_after_statistics(x, w, r, g, 1e-6, 8) < 1e-12
+    # Tiles of unequal width (64 columns in 7 tiles) combine as well.
+    assert identities.residual_after_statistics(x, w, r, g, 1e-6, 7) < 1e-12
