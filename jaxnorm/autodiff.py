@@ -311,8 +311,7 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
 
 
 def _stats_kwargs(output_stats: bool) -> dict[str, bool]:
-    """The backends' `output_stats` keyword, passed only when set (calls without it stay
-    as they were)."""
+    """The backends' `output_stats` keyword, only when set (other calls stay as they were)."""
     return {"output_stats": True} if output_stats else {}
 
 
@@ -376,13 +375,10 @@ def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
         y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
                                   pre_norm_sum=True, after=False)
     # Statistics of the h the caller sees: the backward differentiates at that point.
-    # With the output's statistics the backward re-forms the float32 output from h and
-    # the residual (its rounding to x.dtype would swamp small deviations about a large mean).
     saved = (x, kernel, scale, h, _row_stats(s, h.astype(F32)),
              None if out_stats is None else (residual, norm_bias, out_stats.mean))
-    if out_stats is not None:
-        return (y, out_stats.mean, out_stats.m2), saved
-    return ((y, h) if _returns_sum(s) else y), saved
+    outs = (y, h) if _returns_sum(s) else y
+    return (outs if out_stats is None else (y, *out_stats[:2])), saved
 
 
 def _dense_norm_bwd(s: _Static, res, cotangents: Any):
@@ -394,7 +390,7 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     x, kernel, scale, h, stats, out = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
     dy, dh_out = cotangents if _returns_sum(s) else (cotangents, None)
-    if out is not None:
+    if out is not None:  # the float32 output re-formed: its rounding would swamp h - mean
         residual, norm_bias, mean = out
         y32 = sharding.normalized(s.kind, h.astype(F32), stats, _gain(scale, 0.0), norm_bias)
         dy = row_stats.output_cotangent(y32 + residual.astype(F32), mean, *cotangents)

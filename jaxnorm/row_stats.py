@@ -21,7 +21,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxnorm.statistics import safe_rsqrt
 
@@ -84,12 +83,17 @@ def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple
     counts = (counts,) * sums.shape[0] if isinstance(counts, int) else tuple(counts)
     if len(counts) != sums.shape[0]:
         raise ValueError(f"{len(counts)} counts for {sums.shape[0]} partials")
-    kept = [p for p, c in enumerate(counts) if c > 0]
-    n = np.asarray([counts[p] for p in kept], np.float32)[:, None]
-    sums, m2s = sums[np.asarray(kept)].astype(F32), m2s[np.asarray(kept)].astype(F32)
-    mean = jnp.sum(sums, axis=0) / float(n.sum())
-    spread = jnp.sum(n * jnp.square(sums / n - mean[None, :]), axis=0)
-    return mean, jnp.sum(m2s, axis=0) + spread
+    sums, m2s = sums.astype(F32), m2s.astype(F32)
+    # Python scalars only: no array constant enters the trace (custom_partitioning, which
+    # runs the Mosaic backends per device, refuses closed-over constants).
+    if len(set(counts)) == 1 and counts[0] > 0:
+        n = float(counts[0])
+        mean = jnp.sum(sums, axis=0) / (n * len(counts))
+        return mean, jnp.sum(m2s, axis=0) + n * jnp.sum(jnp.square(sums / n - mean), axis=0)
+    kept = [(p, float(c)) for p, c in enumerate(counts) if c > 0]
+    mean = sum(sums[p] for p, _ in kept) / sum(c for _, c in kept)
+    spread = sum(c * jnp.square(sums[p] / c - mean) for p, c in kept)
+    return mean, sum(m2s[p] for p, _ in kept) + spread
 
 
 def rms_inverse(stats: RowStats, eps: float) -> Array:
