@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import dispatch, partitioning, sharding
+from jaxnorm import dispatch, partitioning, row_stats, sharding
 from jaxnorm.backends.xla import matmul_f32
 
 Array = jax.Array
@@ -62,12 +62,15 @@ class _Static(NamedTuple):
     axis_name: tuple | None  # the mesh axes that shard the normalized rows (row-parallel)
     automatic: bool = False  # impl=None resolved to a kernel: differentiate the xla formulation
     residual_after: bool = False  # post-norm: r + Norm(x @ W + b), not Norm(x @ W + b + r)
+    output_stats: bool = False  # residual-after post-norm: also the output rows' (mean, M2)
 
 
 def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
-            *inputs, automatic: bool = False, residual_after: bool = False) -> _Static:
+            *inputs, automatic: bool = False, residual_after: bool = False,
+            output_stats: bool = False) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
-    return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after)
+    return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after,
+                   output_stats)
 
 
 def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -307,9 +310,16 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
 # ------------------------------------------------------------ post-norm dense
 
 
+def _stats_kwargs(output_stats: bool) -> dict[str, bool]:
+    """The backends' `output_stats` keyword, only when set (other calls stay as they were)."""
+    return {"output_stats": True} if output_stats else {}
+
+
 def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, *,
-                       pre_norm_sum: bool, after: bool) -> tuple[Array, Array | None]:
-    """(y, h or None); with `after` the residual is added to y after the norm, not to h."""
+                       pre_norm_sum: bool, after: bool,
+                       output_stats: bool = False) -> tuple[Array, ...]:
+    """(y, h or None); with `after` the residual is added to y after the norm, not to h;
+    with `output_stats` (after, no h), (y, mean, M2) of y's float32 rows."""
     if s.axis_name is not None:
         # Column-parallel: this shard's N columns of h, normalized with whole-row statistics.
         h = sharding.split_pre_norm_sum(x, kernel, bias, None if after else residual, None)
@@ -318,7 +328,8 @@ def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, 
         return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
     norm_args = _norm_params(s.kind, scale, norm_bias)
     return _forward(s, f"dense_{s.kind}_norm", x, kernel, bias, *norm_args, residual,
-                    pre_norm_sum=pre_norm_sum, residual_after=after)
+                    pre_norm_sum=pre_norm_sum, residual_after=after,
+                    **_stats_kwargs(output_stats))
 
 
 def _returns_sum(s: _Static) -> bool:
@@ -328,47 +339,61 @@ def _returns_sum(s: _Static) -> bool:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _dense_norm(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
-    """y, or (y, pre-norm sum) with a residual before the norm; else the sum is never written."""
-    y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
-                              pre_norm_sum=_returns_sum(s), after=s.residual_after)
-    return (y, h) if _returns_sum(s) else y
+    """y, or (y, pre-norm sum) with a residual before the norm; else the sum is never written.
+    With `output_stats`, (y, mean, M2)."""
+    outs = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
+                              pre_norm_sum=_returns_sum(s), after=s.residual_after,
+                              output_stats=s.output_stats)
+    return outs if s.output_stats or _returns_sum(s) else outs[0]
 
 
 def _dense_norm_stock(s: _Static, x, kernel, bias, scale, norm_bias, residual) -> Any:
     """The xla formulation with _dense_norm's output structure."""
     norm_args = _norm_params(s.kind, scale, norm_bias)
-    y, h = dispatch.call(f"dense_{s.kind}_norm", "xla", x, kernel, bias, *norm_args, residual,
+    outs = dispatch.call(f"dense_{s.kind}_norm", "xla", x, kernel, bias, *norm_args, residual,
                          eps=s.eps, pre_norm_sum=_returns_sum(s),
-                         residual_after=s.residual_after)
-    return (y, h) if _returns_sum(s) else y
+                         residual_after=s.residual_after, **_stats_kwargs(s.output_stats))
+    return outs if s.output_stats or _returns_sum(s) else outs[0]
 
 
 def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
     if s.automatic:
         return jax.vjp(functools.partial(_dense_norm_stock, s), x, kernel, bias, scale,
                        norm_bias, residual)
+    out_stats = None
     if s.residual_after:
         # The backward needs h, which the residual-after kernel does not write: run the
-        # op without the residual (y and h), then add it (one more rounding of y).
+        # op without the residual (y and h), then add it (one more rounding of y); the
+        # output's statistics are then those of that float32 sum.
         normed, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, None,
                                        pre_norm_sum=True, after=False)
-        y = (normed.astype(F32) + residual.astype(F32)).astype(x.dtype)
+        y32 = normed.astype(F32) + residual.astype(F32)
+        y = y32.astype(x.dtype)
+        if s.output_stats:
+            out_stats = row_stats.of_rows(y32)
     else:
         y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
                                   pre_norm_sum=True, after=False)
     # Statistics of the h the caller sees: the backward differentiates at that point.
-    saved = (x, kernel, scale, h, _row_stats(s, h.astype(F32)))
-    return ((y, h) if _returns_sum(s) else y), saved
+    saved = (x, kernel, scale, h, _row_stats(s, h.astype(F32)),
+             None if out_stats is None else (residual, norm_bias, out_stats.mean))
+    outs = (y, h) if _returns_sum(s) else y
+    return (outs if out_stats is None else (y, *out_stats[:2])), saved
 
 
 def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     """H = X W + b (+ R); Y = Norm(H) (+ R after): dH from the row rule (plus H's own
-    cotangent), then dX = dH W^T, dW = X^T dH, db = colsum(dH); dR = dH, or dY after."""
+    cotangent), then dX = dH W^T, dW = X^T dH, db = colsum(dH); dR = dH, or dY after.
+    Y's statistics' cotangents join dY first (`row_stats.output_cotangent`)."""
     if s.automatic:
         return res(cotangents)
-    x, kernel, scale, h, stats = res
+    x, kernel, scale, h, stats, out = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
     dy, dh_out = cotangents if _returns_sum(s) else (cotangents, None)
+    if out is not None:  # the float32 output re-formed: its rounding would swamp h - mean
+        residual, norm_bias, mean = out
+        y32 = sharding.normalized(s.kind, h.astype(F32), stats, _gain(scale, 0.0), norm_bias)
+        dy = row_stats.output_cotangent(y32 + residual.astype(F32), mean, *cotangents)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
     dh = _norm_input_grad(s, rows, g * _gain(scale, 0.0))
@@ -389,30 +414,36 @@ _dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
 def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
                norm_bias: Array | None, residual: Array | None, *, eps: float,
                impl: str | None, axis_name: tuple | None = None,
-               residual_after: bool = False) -> tuple[Array, Array | None]:
+               residual_after: bool = False, output_stats: bool = False) -> tuple[Any, Any]:
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
     sum), the sum only with a residual added before the norm (else None); with
-    `residual_after`, (residual + normed, None). With `axis_name` the kernel's columns
-    (and the N-vectors, the residual's columns) are this shard's N-slice."""
+    `residual_after`, (residual + normed, None), or with `output_stats` too, (residual +
+    normed, (mean, M2) of its float32 rows). With `axis_name` the kernel's columns (and the
+    N-vectors, the residual's columns) are this shard's N-slice (no `output_stats`)."""
     returns_sum = residual is not None and not residual_after
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
             f"dense_{kind}_norm", (x, kernel, bias, scale, norm_bias, residual),
             lambda a, axis: dense_norm(kind, *a, eps=eps, impl=impl, axis_name=axis,
-                                       residual_after=residual_after),
-            has_sum=returns_sum)
+                                       residual_after=residual_after,
+                                       output_stats=output_stats),
+            has_sum=returns_sum, stats=output_stats)
         if explicit is not None:
             return explicit
         norm_args = _norm_params(kind, scale, norm_bias)
         chosen, automatic = _resolve(f"dense_{kind}_norm", impl, x, kernel, bias, *norm_args,
                                      residual, eps=eps, pre_norm_sum=returns_sum,
-                                     residual_after=residual_after)
+                                     residual_after=residual_after,
+                                     **_stats_kwargs(output_stats))
     else:
         chosen, automatic = impl, False
     s = _static(kind, eps, 0.0, chosen, axis_name, x, kernel, bias, scale, norm_bias, residual,
-                automatic=automatic, residual_after=residual_after)
+                automatic=automatic, residual_after=residual_after, output_stats=output_stats)
     if impl is None and chosen == "xla":
         out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
-        return out if returns_sum else (out, None)
-    out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias, residual))
+    else:
+        out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias,
+                                                     residual))
+    if output_stats:
+        return out[0], out[1:]
     return out if returns_sum else (out, None)

@@ -222,6 +222,33 @@ def _post_norm_inputs(
     return x2, w, lead, n, residual
 
 
+def _check_statistics_request(return_statistics: bool, residual_after: ArrayLike | None,
+                              axis: tuple | None) -> None:
+    """return_statistics=True asks for the RowStats of residual_after + Norm(...): the
+    residual stream that the next block's pre-norm reads; other forms have no such reader."""
+    if not isinstance(return_statistics, bool):
+        raise TypeError(f"return_statistics must be a bool; got {type(return_statistics).__name__}")
+    if not return_statistics:
+        return
+    if residual_after is None:
+        raise ValueError("return_statistics=True needs residual_after=: the statistics are of "
+                         "h = residual_after + Norm(x @ W + b), the residual stream the next "
+                         "pre-norm op reads (statistics=)")
+    if axis is not None:
+        raise ValueError("return_statistics=True and axis_name= together are not served: "
+                         "with N sharded, call without return_statistics")
+
+
+def _post_norm_result(y: jax.Array, extra: object, lead: tuple[int, ...], n: int,
+                      return_statistics: bool) -> jax.Array | tuple:
+    """y (and h, or h's RowStats) with x's leading dims restored."""
+    y = y.reshape(*lead, n)
+    if return_statistics:
+        mean, m2 = extra
+        return y, row_stats.RowStats(mean.reshape(lead), m2.reshape(lead), n)
+    return y if extra is None else (y, extra.reshape(*lead, n))
+
+
 def _offset_gain(scale: ArrayLike | None, scale_offset: float) -> jax.Array | None:
     """The post-norm kernels take the gain as one vector: (scale + offset) in float32."""
     if scale is None or scale_offset == 0.0:
@@ -239,29 +266,35 @@ def dense_rms_norm(
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     residual_after: ArrayLike | None = None,
+    return_statistics: bool = False,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array | tuple[jax.Array, jax.Array] | tuple[jax.Array, row_stats.RowStats]:
     """Post-norm RMSNorm(x @ kernel + bias [+ residual]) with gain (scale + scale_offset).
 
     With `residual`, returns (normed, pre-norm sum) so the sum can feed the
     residual stream without being recomputed. With `residual_after` instead,
-    returns residual_after + RMSNorm(x @ kernel + bias), added in float32 before
+    returns h = residual_after + RMSNorm(x @ kernel + bias), added in float32 before
     the one rounding to x's dtype: Gemma 2/3's and OLMo 2's post-sublayer norm
-    (docs/post-norm.md). `scale_offset=1.0` is Gemma's (1 + scale) gain. With
-    `axis_name` (column-parallel) the kernel's columns and the N-vectors are this
-    shard's N-slice, normalized with whole-row statistics.
+    (docs/post-norm.md); with `return_statistics=True` too, (h, h's `RowStats`):
+    float32 (mean, M2) of the float32 h before its rounding, for the next pre-norm
+    op's `statistics=` (as `residual_dense` returns them), differentiable like h.
+    Statistics need `residual_after` (ValueError otherwise). `scale_offset=1.0` is
+    Gemma's (1 + scale) gain. With `axis_name` (column-parallel) the kernel's columns
+    and the N-vectors are this shard's N-slice, normalized with whole-row statistics.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual, residual_after)
     _checks.check_vector("scale", scale, n)
     axis = sharding.normalize_axis_name(axis_name, w, "kernel")
+    _check_statistics_request(return_statistics, residual_after, axis)
     gain = _offset_gain(scale, scale_offset)
-    y, h = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps, impl=impl,
-                               axis_name=axis, residual_after=residual_after is not None)
-    y = y.reshape(*lead, n)
-    return y if h is None else (y, h.reshape(*lead, n))
+    y, extra = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps,
+                                   impl=impl, axis_name=axis,
+                                   residual_after=residual_after is not None,
+                                   output_stats=return_statistics)
+    return _post_norm_result(y, extra, lead, n, return_statistics)
 
 
 def dense_layer_norm(
@@ -275,21 +308,24 @@ def dense_layer_norm(
     scale_offset: float = 0.0,
     residual: ArrayLike | None = None,
     residual_after: ArrayLike | None = None,
+    return_statistics: bool = False,
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array | tuple[jax.Array, jax.Array] | tuple[jax.Array, row_stats.RowStats]:
     """Post-norm LayerNorm(x @ kernel + bias [+ residual]), or residual_after +
-    LayerNorm(x @ kernel + bias); see `dense_rms_norm`."""
+    LayerNorm(x @ kernel + bias) (with its `RowStats` under `return_statistics`); see
+    `dense_rms_norm`."""
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     _checks.check_impl(impl)
     x2, w, lead, n, res = _post_norm_inputs(x, kernel, bias, residual, residual_after)
     _checks.check_vector("scale", scale, n)
     _checks.check_vector("norm_bias", norm_bias, n)
     axis = sharding.normalize_axis_name(axis_name, w, "kernel")
+    _check_statistics_request(return_statistics, residual_after, axis)
     gain = _offset_gain(scale, scale_offset)
-    y, h = autodiff.dense_norm(
+    y, extra = autodiff.dense_norm(
         "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl,
         axis_name=axis, residual_after=residual_after is not None,
+        output_stats=return_statistics,
     )
-    y = y.reshape(*lead, n)
-    return y if h is None else (y, h.reshape(*lead, n))
+    return _post_norm_result(y, extra, lead, n, return_statistics)

@@ -39,7 +39,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxnorm import dispatch, sharding
+from jaxnorm import dispatch, row_stats, sharding
 
 Array = jax.Array
 F32 = jnp.float32
@@ -94,11 +94,15 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     roles, out_roles = _roles(op, args)
     pre_norm_sum = kwargs.get("pre_norm_sum", True)
     out_roles = out_roles if pre_norm_sum or not op.startswith("dense_") else out_roles[:1]
+    if kwargs.get("output_stats"):  # y and its rows' (mean, M2)
+        out_roles = (out_roles[0], "m", "m")
     static = _Call(op, impl, tuple(sorted(kwargs.items())), treedef,
                    tuple(jax.tree.leaves(roles)), out_roles)
     outs = _vmappable(static)(*leaves)
     if op in ("rms_norm", "layer_norm"):
         return outs[0]
+    if kwargs.get("output_stats"):
+        return tuple(outs)
     if op.startswith("dense_"):
         return outs[0], outs[1] if len(outs) > 1 else None
     return tuple(outs)
@@ -153,8 +157,8 @@ def _per_device(static: _Call, args: tuple, k_axis: tuple | None,
     eps = kwargs["eps"]
     if op.startswith("dense_"):
         if k_axis is None and n_axis is None:
-            y, h = dispatch.call(op, static.impl, *args, **kwargs)
-            return (y,) if h is None else (y, h)
+            outs = dispatch.call(op, static.impl, *args, **kwargs)
+            return tuple(o for o in outs if o is not None)
         x, kernel, bias, scale, *rest = args
         norm_bias, residual = (rest[0] if len(rest) == 2 else None), rest[-1]
         after = kwargs.get("residual_after", False)
@@ -162,7 +166,11 @@ def _per_device(static: _Call, args: tuple, k_axis: tuple | None,
         stats = sharding.row_statistics(_kind(op), h, eps, n_axis)
         gain = 1.0 if scale is None else scale.astype(F32)
         y = sharding.normalized(_kind(op), h, stats, gain, norm_bias)
-        y = (y + residual.astype(F32) if after else y).astype(x.dtype)
+        y = y + residual.astype(F32) if after else y
+        if kwargs.get("output_stats"):
+            out = row_stats.of_rows(y) if n_axis is None else row_stats.of_split_rows(y, n_axis)
+            return y.astype(x.dtype), out.mean, out.m2
+        y = y.astype(x.dtype)
         return (y, h.astype(x.dtype)) if kwargs.get("pre_norm_sum", True) else (y,)
     if k_axis is None:
         outs = dispatch.call(op, static.impl, *args, **kwargs)
@@ -218,11 +226,12 @@ def _explicit_mesh(leaves: list) -> Any:
 
 
 def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None], Any], *,
-                       has_sum: bool | None = None) -> Any | None:
+                       has_sum: bool | None = None, stats: bool = False) -> Any | None:
     """`fn(args, axis_name)` inside a shard_map over the Explicit mesh the args are sharded
     over (None when they are not): rows keep their sharding, kernels their columns, and a
     sharded normalized row (K pre-norm, N post-norm) becomes `axis_name`. `has_sum`: whether
-    a post-norm op returns its pre-norm sum (default: when it has a residual)."""
+    a post-norm op returns its pre-norm sum (default: when it has a residual); `stats`:
+    whether it returns (y, (mean, M2)), served with N unsharded."""
     leaves, treedef = jax.tree.flatten(args)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
@@ -234,17 +243,23 @@ def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None],
     if post_norm:
         axes["k"] = None  # h's N is the normalized row; x's K is gathered, as jnp.dot's rule
     axis_name = _as_tuple(axes.get("n0" if post_norm else "k"))
+    if stats and axis_name is not None:
+        raise ValueError(f"return_statistics=True is not served with the output's N sharded "
+                         f"(over mesh axes {axis_name}); shard the rows (M) only")
     in_specs = [_spec(r, axes) for r in role_leaves]
     leaves = [jax.sharding.reshard(v, NamedSharding(mesh, spec))
               for v, spec in zip(leaves, in_specs)]
     has_sum = post_norm and (args[-1] is not None if has_sum is None else has_sum)
     out_roles = out_roles[:1] if post_norm and not has_sum else out_roles
+    out_roles = (out_roles[0], "m", "m") if stats else out_roles
     out_specs = tuple(_spec(r, axes) for r in out_roles)
 
     def local(*local_leaves: Array) -> tuple[Array, ...]:
         out = fn(jax.tree.unflatten(treedef, local_leaves), axis_name)
         if op.endswith("_dense"):
             return tuple(out)
+        if stats:
+            return (out[0], *out[1])
         if post_norm:
             return tuple(out) if has_sum else (out[0],)
         return (out,)
@@ -252,6 +267,8 @@ def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None],
     outs = jax.shard_map(local, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs)(*leaves)
     if op.endswith("_dense"):
         return outs
+    if stats:
+        return outs[0], tuple(outs[1:])
     if post_norm:
         return outs if has_sum else (outs[0], None)
     return outs[0]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, dispatch
+from jaxnorm import _checks, dispatch, row_stats
 from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
 from jaxnorm.backends.xla import matmul_f32
 from jaxnorm.row_stats import RowStats
@@ -61,10 +61,8 @@ def _bwd(s: _Static, saved, cotangents):
         return saved(cotangents)
     x, kernel, h, mean = saved
     dh, d_mean, d_m2 = cotangents
-    n = h.shape[-1]
     # The statistics are of the float32 h; the saved h is its rounding to x.dtype.
-    centred = h.astype(F32) - mean[:, None]
-    grad = dh.astype(F32) + d_mean[:, None] / n + 2.0 * d_m2[:, None] * centred
+    grad = row_stats.output_cotangent(h, mean, dh, d_mean, d_m2)
     operand = grad.astype(x.dtype)  # GEMM operand in x's precision, as the forward's
     dx = matmul_f32(operand, kernel.T).astype(x.dtype)
     dw = matmul_f32(x.T, operand).astype(kernel.dtype)

@@ -21,7 +21,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxnorm.statistics import safe_rsqrt
 
@@ -55,6 +54,23 @@ def of_rows(h: Array) -> RowStats:
     return RowStats(mean, m2, h.shape[-1])
 
 
+def of_split_rows(h32: Array, axis_name: tuple) -> RowStats:
+    """Two-pass float32 statistics of rows whose columns are split over `axis_name` (inside
+    `jax.shard_map`): the row sum, then the squared deviations about the whole row's mean,
+    each psum-ed; h32 is this shard's columns."""
+    n = h32.shape[-1] * jax.lax.psum(1, axis_name)
+    mean = jax.lax.psum(jnp.sum(h32, axis=-1), axis_name) / n
+    m2 = jax.lax.psum(jnp.sum(jnp.square(h32 - mean[..., None]), axis=-1), axis_name)
+    return RowStats(mean, m2, n)
+
+
+def output_cotangent(h: Array, mean: Array, dh: Array, d_mean: Array, d_m2: Array) -> Array:
+    """float32 cotangent of h when h's RowStats are outputs too: with mean = sum(h) / N and
+    M2 = sum((h - mean)^2), dH = dh + d_mean / N + 2 d_m2 (h - mean)."""
+    centred = h.astype(F32) - mean[..., None]
+    return dh.astype(F32) + d_mean[..., None] / h.shape[-1] + 2.0 * d_m2[..., None] * centred
+
+
 def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple[Array, Array]:
     """(mean, M2) per row from P column blocks' partial (sum, M2) [P, M].
 
@@ -67,12 +83,17 @@ def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple
     counts = (counts,) * sums.shape[0] if isinstance(counts, int) else tuple(counts)
     if len(counts) != sums.shape[0]:
         raise ValueError(f"{len(counts)} counts for {sums.shape[0]} partials")
-    kept = [p for p, c in enumerate(counts) if c > 0]
-    n = np.asarray([counts[p] for p in kept], np.float32)[:, None]
-    sums, m2s = sums[np.asarray(kept)].astype(F32), m2s[np.asarray(kept)].astype(F32)
-    mean = jnp.sum(sums, axis=0) / float(n.sum())
-    spread = jnp.sum(n * jnp.square(sums / n - mean[None, :]), axis=0)
-    return mean, jnp.sum(m2s, axis=0) + spread
+    sums, m2s = sums.astype(F32), m2s.astype(F32)
+    # Python scalars only: no array constant enters the trace (custom_partitioning, which
+    # runs the Mosaic backends per device, refuses closed-over constants).
+    if len(set(counts)) == 1 and counts[0] > 0:
+        n = float(counts[0])
+        mean = jnp.sum(sums, axis=0) / (n * len(counts))
+        return mean, jnp.sum(m2s, axis=0) + n * jnp.sum(jnp.square(sums / n - mean), axis=0)
+    kept = [(p, float(c)) for p, c in enumerate(counts) if c > 0]
+    mean = sum(sums[p] for p, _ in kept) / sum(c for _, c in kept)
+    spread = sum(c * jnp.square(sums[p] / c - mean) for p, c in kept)
+    return mean, sum(m2s[p] for p, _ in kept) + spread
 
 
 def rms_inverse(stats: RowStats, eps: float) -> Array:

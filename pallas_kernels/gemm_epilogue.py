@@ -72,14 +72,14 @@ class ResidualPieces:
             self.load(p + 2)
 
 
-def _piece_stats(y: Array) -> tuple[Array, Array]:
+def piece_stats(y: Array) -> tuple[Array, Array]:
     """(sum, M2) per row of one float32 piece, two-pass: M2 about the piece's own mean."""
     row_sum = jnp.sum(y, axis=1)
     d = y - lax.broadcast_in_dim(row_sum * (1.0 / y.shape[1]), y.shape, [0])
     return row_sum, jnp.sum(d * d, axis=1)
 
 
-def _chan(a: tuple[Array, Array], b: tuple[Array, Array], n_a: int, n_b: int):
+def chan_combine(a: tuple[Array, Array], b: tuple[Array, Array], n_a: int, n_b: int):
     """Chan's combine of the (sum, M2) of n_a and n_b columns (static counts)."""
     delta = b[0] * (1.0 / n_b) - a[0] * (1.0 / n_a)
     return a[0] + b[0], a[1] + b[1] + delta * delta * (n_a * n_b / (n_a + n_b))
@@ -143,8 +143,8 @@ def epilogue(
             if residual is not None:
                 y = residual.add_to(y, p)
             if row_stats is not None:
-                piece = _piece_stats(y)
-                stats = piece if stats is None else _chan(stats, piece, ni * epi_n, epi_n)
+                piece = piece_stats(y)
+                stats = piece if stats is None else chan_combine(stats, piece, ni * epi_n, epi_n)
             slot = p % slots
             if residual is None:
                 # The store issued two pieces ago read this slot; wait until it has.

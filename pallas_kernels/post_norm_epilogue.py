@@ -7,6 +7,7 @@
     y = Norm(h) * scale (+ norm_bias)      `normalize`
     (y += residual, with residual_after)   `add_residual_after`
     store y                                `store_tile`
+    (y's row partials, if asked for)       `store_row_stats`
 
 With `residual_after` (Gemma 2/3's and OLMo 2's r + Norm(a @ W_o)) the residual tile
 arrives as it does before the norm (staged by TMA, or in registers) but is added to y
@@ -29,6 +30,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels.gemm_epilogue import chan_combine, piece_stats
 from pallas_kernels.post_norm_config import PIECE, PIECE_SLOTS, PostNormConfig
 from pallas_kernels.row_stats import (Kind, RowStatsExchange, Site, combine_layer,
                                       combine_layer_matrix, combine_rms, combine_rms_matrix)
@@ -62,6 +64,7 @@ class EpilogueRefs(NamedTuple):
     stats_gmem: Any
     h_gmem: Any
     y_gmem: Any
+    y_stats_gmem: Any  # (sums, M2s) [N / tile_n, M] float32 outputs of y's rows, or None
     semaphores: Any
 
     @property
@@ -212,11 +215,24 @@ def store_tile(e: EpilogueRefs, value: jax.Array, io: Any, out_gmem: Any, rows: 
     return piece
 
 
+def store_row_stats(e: EpilogueRefs, y: jax.Array, part: jax.Array | int,
+                    rows: pl.Slice) -> None:
+    """The warpgroup's partial (sum, M2) of the float32 y's rows over its tile_n columns, into
+    slot `part` of the [N / tile_n, M] outputs: two-pass per 64 columns, Chan-combined
+    (the residual GEMM's epilogue math, `gemm_epilogue`)."""
+    stats = None
+    for c in range(0, e.config.tile_n, PIECE):
+        piece = piece_stats(y[:, c:c + PIECE])
+        stats = piece if stats is None else chan_combine(stats, piece, c, PIECE)
+    for out, value in zip(e.y_stats_gmem, stats):
+        out[part, rows] = value
+
+
 def epilogue(e: EpilogueRefs, acc: jax.Array, wg: jax.Array, cols: pl.Slice, io: Any,
              m_idx: jax.Array, rows: pl.Slice, rounds: jax.Array,
-             residual: jax.Array | None) -> None:
+             residual: jax.Array | None, part: jax.Array | int | None) -> None:
     """Publish this block's partials, store h while the peers' arrive, collect them and
-    normalize; then store y."""
+    normalize; then store y (and its rows' partials, in `part`, while the store drains)."""
     vector = vector_loader(e, wg, rounds)
     h = pre_norm_sum(e, acc, vector, io, residual)
     site = Site(party=wg, cluster_id=m_idx, round_index=rounds, semaphores=e.semaphores,
@@ -229,3 +245,5 @@ def epilogue(e: EpilogueRefs, acc: jax.Array, wg: jax.Array, cols: pl.Slice, io:
     y = add_residual_after(e, normalize(e, h, gathered, vector), io, residual)
     e.exchange.release(e.ex_scratch)
     store_tile(e, y, io, e.y_gmem, rows, cols, piece)
+    if e.y_stats_gmem is not None:
+        store_row_stats(e, y, part, rows)

@@ -71,6 +71,7 @@ def _kernel(
     has_residual: bool,
     residual_after: bool,
     store_h: bool,
+    output_stats: bool,
     eps: float,
     config: PostNormConfig,
     exchange: RowStatsExchange,
@@ -85,7 +86,8 @@ def _kernel(
     residual_gmem = refs.pop(0) if has_residual else None
     y_gmem = refs.pop(0)
     h_gmem = refs.pop(0) if store_h else None
-    stats_gmem = refs.pop(0) if refs else None
+    stats_gmem = refs.pop(0) if exchange.gathered_in_global else None
+    y_stats_gmem = (refs.pop(0), refs.pop(0)) if output_stats else None
     assert not refs
 
     dtype = x_gmem.dtype
@@ -177,7 +179,7 @@ def _kernel(
             vec_names=[name for _, name in vectors], vec_smem=vec_smem, vec_copies=vec_copies,
             vec_barrier=vec_barrier,
             io_barrier=io_barrier, ex_scratch=ex_scratch, stats_gmem=stats_gmem,
-            h_gmem=h_gmem, y_gmem=y_gmem, semaphores=semaphores)
+            h_gmem=h_gmem, y_gmem=y_gmem, y_stats_gmem=y_stats_gmem, semaphores=semaphores)
 
         # Persistent: the grid's clusters walk the row blocks, each cluster
         # exchanging once per block.
@@ -200,7 +202,12 @@ def _kernel(
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref):
                     eval_pipeline(acc_ref)
-                    epilogue(refs, acc_ref[...], wg, cols, io, m_idx, rows, carry, residual)
+                    # y's tile_n-column block among the row's (its row statistics' slot).
+                    part = None
+                    if output_stats:
+                        part = rank * (config.cta_n // tile_n) + (0 if config.split_rows else wg)
+                    epilogue(refs, acc_ref[...], wg, cols, io, m_idx, rows, carry, residual,
+                             part)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 wg = lax.axis_index("wg")
@@ -245,8 +252,9 @@ def post_norm_matmul(
     config: PostNormConfig,
     pre_norm_sum: bool = True,
     residual_after: bool = False,
+    output_stats: bool = False,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array | None]:
+) -> tuple:
     """(Norm(x @ w + bias [+ residual]) * scale [+ norm_bias], the pre-norm sum), both in x.dtype.
 
     x [M, K] and w [K, N] share a 16-bit dtype; residual is [M, N] in that dtype;
@@ -257,6 +265,12 @@ def post_norm_matmul(
     * scale [+ norm_bias] (Gemma 2/3, OLMo 2), the add in float32 before the one
     rounding; it needs a residual and pre_norm_sum=False (the staged residual
     tile is read after the norm, where h would have overwritten it).
+
+    With `output_stats`, (y, h, (sum_parts, m2_parts)): float32 [N / tile_n, M] partials of
+    the float32 y before its rounding, per warpgroup tile of tile_n columns, the sum and
+    the M2 about the block's own mean, as `residual_matmul` writes them (combine with
+    `jaxnorm.row_stats.from_partials`): the next pre-norm's statistics of
+    r + Norm(x @ w + b).
     """
     m, k = x.shape
     k2, n = w.shape
@@ -285,6 +299,8 @@ def post_norm_matmul(
     out_type = [jax.ShapeDtypeStruct((m, n), x.dtype)] * (2 if pre_norm_sum else 1)
     if (stats := exchange.gmem_scratch(num_blocks)) is not None:
         out_type.append(stats)
+    if output_stats:
+        out_type += [jax.ShapeDtypeStruct((n // config.tile_n, m), jnp.float32)] * 2
     body = functools.partial(
         _kernel,
         kind=kind,
@@ -294,6 +310,7 @@ def post_norm_matmul(
         has_residual=residual is not None,
         residual_after=residual_after,
         store_h=pre_norm_sum,
+        output_stats=output_stats,
         eps=float(eps),
         config=config,
         exchange=exchange,
@@ -321,4 +338,5 @@ def post_norm_matmul(
     )
     args = [a for a in (x, w, bias, scale, norm_bias, residual) if a is not None]
     outs = call(*args)
-    return outs[0], outs[1] if pre_norm_sum else None
+    y, h = outs[0], outs[1] if pre_norm_sum else None
+    return (y, h, (outs[-2], outs[-1])) if output_stats else (y, h)

@@ -181,3 +181,40 @@ def test_dense_rms_norm_residual_after_lowers_through_the_op(m, k, n):
                                       impl="mosaic")
 
     _lower(fn, S((m, k), BF16), S((k, n), BF16), S((n,), jnp.float32), S((m, n), BF16))
+
+
+# Gemma-2-9B's post-attention and post-feedforward norms (K = 4096 and 14336, d = 3584) and
+# OLMo-2-7B's (K = 4096 and 11008, d = 4096), with y's per-tile row statistics.
+OUTPUT_STATS_SHAPES = [(4096, 4096, 3584), (4096, 14336, 3584), (4096, 4096, 4096),
+                       (4096, 11008, 4096)]
+
+
+@pytest.mark.parametrize("m, k, n", OUTPUT_STATS_SHAPES,
+                         ids=["gemma2-9b-o", "gemma2-9b-down", "olmo2-7b-o", "olmo2-7b-down"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("pick", ["gpu", "dsmem"])
+def test_post_norm_output_stats_lower(m, k, n, kind, pick):
+    """r + Norm(x @ W + b) with output_stats: the GPU's pick (grid groups at these shapes)
+    and the cluster pick, each writing the two [N / tile_n, M] partials."""
+    if pick == "gpu":
+        config = pn.select_gpu_config(m, k, n, BF16, kind=kind, residual=True)
+    else:
+        config = pn.select_config(m, k, n, BF16, kind=kind, residual=True, transport="dsmem")
+    fn = functools.partial(pn.post_norm_matmul, kind=kind, eps=1e-6, config=config,
+                           pre_norm_sum=False, residual_after=True, output_stats=True)
+    vec = S((n,), jnp.float32)
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None,
+           S((m, n), BF16))
+
+
+@pytest.mark.parametrize("m, k, n", OUTPUT_STATS_SHAPES[:2], ids=["gemma2-9b-o", "gemma2-9b-down"])
+def test_dense_rms_norm_statistics_lower_through_the_op(m, k, n):
+    """The public op with `return_statistics=True` and impl="mosaic" (Gemma's 1 + g gain)."""
+    import jaxnorm
+
+    def fn(x, w, g, r):
+        h, stats = jaxnorm.dense_rms_norm(x, w, None, g, scale_offset=1.0, residual_after=r,
+                                          return_statistics=True, impl="mosaic")
+        return h, stats.mean, stats.m2
+
+    _lower(fn, S((m, k), BF16), S((k, n), BF16), S((n,), jnp.float32), S((m, n), BF16))

@@ -21,6 +21,7 @@ from test_sharding_ops import (CALLS, CASES, EPS, M, _differentiable, _spec_tree
                                assert_matches_reference, make_inputs, specs)
 
 from bench.collectives import compiled_collectives
+import jaxnorm
 from jaxnorm import partitioning
 
 pytestmark = requires_host_devices()
@@ -158,3 +159,55 @@ def test_kernel_path_vmaps_on_a_many_device_host():
                                              impl="interpret"))(x.reshape(3, 16, 64))
     assert_matches_reference_values("rms_norm", {"x": x, "scale": scale, "eps": EPS},
                                     y.reshape(48, 64))
+
+
+def _post_norm_with_statistics(x, w, g, r, impl):
+    h, stats = jaxnorm.dense_rms_norm(x, w, None, g, residual_after=r,
+                                      return_statistics=True, impl=impl)
+    return h, stats.mean, stats.m2
+
+
+def _statistics_inputs(dtype):
+    rng = np.random.default_rng(7)
+    return (jnp.asarray(rng.standard_normal((M, 64)), dtype),
+            jnp.asarray(rng.standard_normal((64, 256)) / 8, dtype),
+            jnp.asarray(1.0 + 0.2 * rng.standard_normal(256), jnp.float32),
+            jnp.asarray(rng.standard_normal((M, 256)) + 100.0, dtype))
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])
+def test_post_norm_statistics_with_rows_sharded(axis_type):
+    """return_statistics=True with M sharded: h and its (mean, M2) as on one device (xla)."""
+    args = _statistics_inputs(jnp.float32)
+    on = mesh(axis_type)
+    placed = [jax.device_put(a, NamedSharding(on, spec)) for a, spec in
+              zip(args, (P("data", None), P(), P(), P("data", None)))]
+    with jax.set_mesh(on):
+        got = jax.jit(lambda *a: _post_norm_with_statistics(*a, "xla"))(*placed)
+    for a, b in zip(got, _post_norm_with_statistics(*args, "xla")):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-3)
+
+
+def test_post_norm_statistics_refuse_an_explicit_n_sharding():
+    args = _statistics_inputs(jnp.float32)
+    on = mesh(AxisType.Explicit)
+    placed = [jax.device_put(a, NamedSharding(on, spec)) for a, spec in
+              zip(args, (P("data", None), P(None, "model"), P("model"), P("data", "model")))]
+    with jax.set_mesh(on), pytest.raises(ValueError, match="not served with the output's N"):
+        jax.jit(lambda *a: _post_norm_with_statistics(*a, "xla"))(*placed)
+
+
+def test_kernel_path_rule_psums_post_norm_statistics_over_n():
+    """Auto mesh, impl="interpret", N sharded: the rule's per-device program (float32
+    columns of h, statistics psum-ed two-pass) gives the one-device kernel's h and
+    statistics."""
+    args = _statistics_inputs(jnp.bfloat16)
+    on = mesh(AxisType.Auto)
+    placed = [jax.device_put(a, NamedSharding(on, spec)) for a, spec in
+              zip(args, (P("data", None), P(None, "model"), P("model"), P("data", "model")))]
+    with jax.set_mesh(on):
+        got = jax.jit(lambda *a: _post_norm_with_statistics(*a, "interpret"))(*placed)
+    h, mean, m2 = _post_norm_with_statistics(*args, "interpret")
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(h))
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(mean), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got[2]), np.asarray(m2), rtol=1e-5)

@@ -97,6 +97,9 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
             arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8, "first")),
         run("Chan (sum, M2) statistics", lambda r: identities.chan_statistics(
             arrays(r, 3, 64) + r.uniform(-1e3, 1e3), 8)),
+        run("r + RMSNorm(x W) from partials", lambda r: identities.residual_after_statistics(
+            arrays(r, 3, 16), arrays(r, 16, 64), arrays(r, 3, 64) + r.uniform(-1e3, 1e3),
+            arrays(r, 64), 1e-6, 8)),
         run("norms from (mean, M2)", lambda r: identities.norms_from_mean_m2(
             arrays(r, 3, 40) + r.uniform(-10, 10), 1e-6)),
         run("deferred scale", lambda r: identities.deferred_scale(

@@ -80,16 +80,23 @@ def _dense_judged(name, x, normed, kernel, bias, outputs, statistics_terms=None)
     return judged
 
 
-def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, eps,
-                      scale_offset=0.0, residual_after=None):
-    """y (and h, where returned) against float64; with `residual_after` y is
-    residual_after + Norm(h), whose tolerance is the norm's plus one rounding of the sum
-    (a kernel that adds in float32 rounds once; one that rounds the norm first, twice)."""
+def post_norm_reference(kind, x, kernel, bias, scale, norm_bias, residual, eps,
+                        scale_offset=0.0, residual_after=None, y_dtype=None, dot_dtype=None):
+    """(y64, t_y, h64, t_h): the float64 post-norm output and pre-norm sum with their
+    tolerances. With `residual_after` y is residual_after + Norm(h), whose tolerance is the
+    norm's plus one rounding of the sum (a kernel that adds in float32 rounds once; one that
+    rounds the norm first, twice). `y_dtype` (default x's): the dtype y is rounded to;
+    float32 bounds the y a kernel holds before its rounding (where y's statistics are taken).
+    `dot_dtype` (default x's): the dtype x @ W is rounded to before the norm, as the xla path
+    does; a kernel keeps its float32 accumulator (float32)."""
+    x = np.asarray(x)
+    y_dtype = x.dtype if y_dtype is None else y_dtype
+    dot_dtype = x.dtype if dot_dtype is None else dot_dtype
     x64, w64 = f64(x), f64(kernel)
     h64 = ref.pre_norm_sum(x64, w64, bias, residual)
     extra = (0.0 if bias is None else np.abs(f64(bias))) + (
         0.0 if residual is None else np.abs(f64(residual)))
-    h_err = tol.dense_tolerance(x64, w64, h64, x.dtype, np.float32, bias=extra)
+    h_err = tol.dense_tolerance(x64, w64, h64, dot_dtype, np.float32, bias=extra)
     g = ref.gain(scale, scale_offset, h64.shape[-1])
     if kind == "rms":
         xhat, inv = ref.rms_normalized(h64, eps), ref.rms_inverse(h64, eps)
@@ -100,11 +107,19 @@ def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, e
         y64 = xhat * g + (0.0 if norm_bias is None else f64(norm_bias))
         xhat = tol.centred_terms(xhat)
     nb = None if norm_bias is None else f64(norm_bias)
-    t_y = tol.post_norm_tolerance(h_err, inv, g, xhat * g, y64, x.dtype, bias=nb)
+    t_y = tol.post_norm_tolerance(h_err, inv, g, xhat * g, y64, y_dtype, bias=nb)
     t_h = h_err + tol.unit_roundoff(x.dtype) * np.abs(h64) + tol.tiny(x.dtype)
     if residual_after is not None:
         y64 = y64 + f64(residual_after)
-        t_y = t_y + tol.unit_roundoff(x.dtype) * np.abs(y64) + tol.tiny(x.dtype)
+        t_y = t_y + tol.unit_roundoff(y_dtype) * np.abs(y64) + tol.tiny(y_dtype)
+    return y64, t_y, h64, t_h
+
+
+def _post_norm_judged(kind, x, kernel, bias, scale, norm_bias, residual, y, h, eps,
+                      scale_offset=0.0, residual_after=None):
+    """y (and h, where returned) against float64 (`post_norm_reference`)."""
+    y64, t_y, h64, t_h = post_norm_reference(kind, x, kernel, bias, scale, norm_bias, residual,
+                                             eps, scale_offset, residual_after)
     judged = [Judged("y", np.asarray(y), y64, t_y)]
     if h is not None:
         judged.append(Judged("h", np.asarray(h), h64, t_h))
@@ -323,12 +338,14 @@ def check_grad(op: str, impl: str | None = "xla", *, seed: int = 0, **inputs) ->
     return check_grads_of(op, grads, [f64(np.asarray(c)) for c in cotangents], **inputs)
 
 
-def check_grads_of(op: str, grads: dict, dys: list, **inputs) -> float:
+def check_grads_of(op: str, grads: dict, dys: list, *, dy_magnitudes: list | None = None,
+                   **inputs) -> float:
     """Gradients computed elsewhere (a Flax layer's) of <op(inputs), dys> for the
-    differentiable inputs named in `grads`, against float64 VJPs (normwise)."""
+    differentiable inputs named in `grads`, against float64 VJPs (normwise).
+    `dy_magnitudes` (default |dys|): the magnitudes of the terms summed into each dy."""
     x = np.asarray(inputs["x"])
     expected = _combined_reference_grads(op, inputs, dys, magnitude=False)
-    magnitudes = _combined_reference_grads(op, inputs, dys, magnitude=True)
+    magnitudes = _combined_reference_grads(op, inputs, dy_magnitudes or dys, magnitude=True)
     longest = max(x.shape[-1], int(np.prod(x.shape[:-1])), *(np.shape(dy)[-1] for dy in dys))
     worst = 0.0
     for name, got in grads.items():

@@ -138,6 +138,15 @@ def chan_statistics(x: np.ndarray, chunks: int) -> float:
     return max(_rel(mean.astype(np.float64), mean64), _rel(m2.astype(np.float64), m2_64))
 
 
+def residual_after_statistics(x: np.ndarray, w: np.ndarray, r: np.ndarray, g: np.ndarray,
+                              eps: float, chunks: int) -> float:
+    """8, post-norm. The same for h = r + RMSNorm(x W; g) (Gemma 2/3's post-sublayer
+    norms): h's (mean, M2) from per-tile (sum, M2) partials of h, which the post-norm
+    GEMM's epilogue holds after the norm, equal h's direct two-pass ones; the norm's own
+    statistics, exchanged across the row's CTAs, do not enter."""
+    return chan_statistics(r + ref.rms_normalized(x @ w, eps) * g, chunks)
+
+
 def norms_from_mean_m2(x: np.ndarray, eps: float) -> float:
     """3'''. The norms' row scales from (mean, M2) alone: r = rsqrt(M2/K + mean^2 + eps)
     (mean(x^2) = var + mean^2) and s = rsqrt(M2/K + eps)."""

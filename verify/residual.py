@@ -6,6 +6,8 @@ The statistics have two honest references, by where they were taken:
   error of h (the dot's and the residual add's) carried through;
 - "output": the xla path reduces the h it returns, so they are judged against the
   statistics of that h, with only the float32 reduction's error.
+The post-norm ops' h = r + Norm(x @ W + b) (`return_statistics=True`) takes its
+statistics of the float32 h on every path, judged like the kernel's ("float32").
 A consumer (`rms_norm_dense(h, ..., statistics=...)`) is judged against the float64
 op on the h it is given; its tolerance adds what statistics that differ from h's by
 at most `u_x |h|` per element (a kernel's) do to the row scale.
@@ -13,6 +15,8 @@ at most `u_x |h|` per element (a kernel's) do to the row scale.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jaxnorm
@@ -21,7 +25,8 @@ from pallas_kernels.decode_config import MAX_ROWS as DECODE_ROWS
 from verify import gradients
 from verify import references as ref
 from verify import tolerances as tol
-from verify.checks import Judged, _dense_judged, _ratio
+from verify.checks import (Judged, _dense_judged, _post_norm_judged, _ratio, check_grads_of,
+                           post_norm_reference)
 from verify.references import f64
 
 
@@ -134,18 +139,22 @@ def _consumer_terms(kind: str, h64, scale, kernel, eps: float, scale_offset: flo
     return rel[..., None] * np.abs(y64_unbiased) + shift
 
 
-def check_consumer(op: str, outputs, stats_impl: str | None, **inputs) -> float:
+def check_consumer(op: str, outputs, stats_impl: str | None, *, source: str | None = None,
+                   **inputs) -> float:
     """Worst error/tolerance of `op`'s outputs computed from x and statistics of x.
 
-    `stats_impl` names the implementation that produced the statistics: a kernel's
-    differ from the x it wrote by x's rounding, the xla path's only by float32."""
+    `stats_impl` names the implementation of `residual_dense` that produced the
+    statistics: a kernel's differ from the x it wrote by x's rounding, the xla path's
+    only by float32. `source` ("float32" or "output") says so directly instead (the
+    post-norm ops' statistics are "float32" on every path)."""
     x = np.asarray(inputs["x"])
     eps, offset = inputs.get("eps", 1e-6), inputs.get("scale_offset", 0.0)
     scale, nb, kernel, bias = (inputs.get("scale"), inputs.get("norm_bias"), inputs["kernel"],
                                inputs.get("bias"))
     kind = "rms" if op == "rms_norm_dense" else "layer"
     h64 = f64(x)
-    source = source_of(stats_impl, int(np.prod(x.shape[:-1])))
+    source = (source_of(stats_impl, int(np.prod(x.shape[:-1]))) if source is None
+              else source)
     rounding = tol.unit_roundoff(x.dtype) if source == "float32" else 0.0
     if kind == "rms":
         normed = ref.rms_norm(x, scale, eps=eps, scale_offset=offset)
@@ -210,3 +219,82 @@ def check_grads(got: dict, expected: dict, magnitudes: dict, dtype, longest: int
             raise AssertionError(f"d{name}: normwise error {err:.3e} > {bound:.3e}")
         worst = max(worst, err / bound)
     return worst
+
+
+# ------------------------------------------------ post-norm h = r + Norm(x @ W + b)
+
+
+def _post_norm_with_statistics(op: str, impl: str | None, inputs: dict):
+    """a -> (h, mean, M2) of `op` with residual_after and return_statistics=True."""
+    fn = jaxnorm.dense_rms_norm if op == "dense_rms_norm" else jaxnorm.dense_layer_norm
+    vectors = ("bias", "scale") if op == "dense_rms_norm" else ("bias", "scale", "norm_bias")
+    eps, offset = inputs.get("eps", 1e-6), inputs.get("scale_offset", 0.0)
+
+    def run(a: dict):
+        h, stats = fn(a["x"], a["kernel"], *(a.get(v) for v in vectors), eps=eps,
+                      scale_offset=offset, residual_after=a["residual_after"],
+                      return_statistics=True, impl=impl)
+        assert stats.length == np.shape(a["kernel"])[1], stats.length
+        return h, stats.mean, stats.m2
+
+    return run
+
+
+def _post_norm_reference(op: str, impl: str | None,
+                         inputs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(h64, the error bound of the float32 h before its rounding): a kernel's dot keeps
+    its float32 accumulator, the xla path's rounds to x's dtype (as the stock layers)."""
+    g = inputs.get
+    kernel_path = impl in ("mosaic", "interpret") or (
+        impl is None and (dispatch.last_automatic_choice(op) or ("xla",))[0] != "xla")
+    h64, t_h32, _, _ = post_norm_reference(
+        "rms" if op == "dense_rms_norm" else "layer", g("x"), g("kernel"), g("bias"),
+        g("scale"), g("norm_bias"), None, g("eps", 1e-6), g("scale_offset", 0.0),
+        g("residual_after"), y_dtype=np.float32,
+        dot_dtype=np.float32 if kernel_path else None)
+    return h64, t_h32
+
+
+def check_post_norm_statistics(op: str, impl: str | None = "xla", **inputs) -> float:
+    """Worst error/tolerance of `op(..., residual_after=r, return_statistics=True)`: h as
+    `check_op` judges it, and its (mean, M2) against the float64 h's, within what the
+    float32 h's error does to them (`statistics_tolerance`)."""
+    g = inputs.get
+    h, mean, m2 = _post_norm_with_statistics(op, impl, inputs)(inputs)
+    kind = "rms" if op == "dense_rms_norm" else "layer"
+    judged = _post_norm_judged(kind, np.asarray(g("x")), g("kernel"), g("bias"), g("scale"),
+                               g("norm_bias"), None, h, None, g("eps", 1e-6),
+                               g("scale_offset", 0.0), g("residual_after"))
+    h64, t_h32 = _post_norm_reference(op, impl, inputs)
+    mean64, m2_64 = row_statistics(h64)
+    t_mean, t_m2 = statistics_tolerance(h64, t_h32)
+    judged += [Judged("mean", np.asarray(mean), mean64, t_mean),
+               Judged("m2", np.asarray(m2), m2_64, t_m2)]
+    return max(_ratio(j) for j in judged)
+
+
+def check_post_norm_statistics_grad(op: str, impl: str | None = "xla", *, seed: int = 0,
+                                    **inputs) -> float:
+    """Gradients of <(h, mean, M2), (dh, d mean, d M2)> for every differentiable input of
+    `op(..., residual_after=r, return_statistics=True)` against float64: the op's VJP with
+    the cotangent dH = dh + d_mean / N + 2 d_m2 (h - mean) of the float64 h."""
+    names = ("x", "kernel", "bias", "scale", "norm_bias", "residual_after")
+    diff = {k: jnp.asarray(inputs[k]) for k in names if inputs.get(k) is not None}
+    (h, mean, _), vjp = jax.vjp(_post_norm_with_statistics(op, impl, inputs), diff)
+    rng = np.random.default_rng(seed)
+    n = h.shape[-1]
+    dh = rng.standard_normal(h.shape).astype(np.asarray(h).dtype)
+    d_mean = (n * rng.standard_normal(mean.shape)).astype(np.float32)
+    d_m2 = rng.standard_normal(mean.shape).astype(np.float32)
+    (grads,) = vjp((jnp.asarray(dh), jnp.asarray(d_mean), jnp.asarray(d_m2)))
+    h64, _ = _post_norm_reference(op, impl, inputs)
+    mean64, _ = row_statistics(h64)
+    parts = (f64(dh), f64(d_mean)[..., None] / n, 2 * f64(d_m2)[..., None])
+    dh_total = parts[0] + parts[1] + parts[2] * (h64 - mean64[..., None])
+    # h - mean is taken of a float32 h, which errs by u_f32 |h|: next to the budget's u_op
+    # (verify.tolerances) that is a term (u_f32 / u_op) |h|, which matters at |mean| >> std
+    # in float32 only.
+    centred = np.abs(h64 - mean64[..., None])
+    rounding = tol.U_F32 / tol.unit_roundoff(np.asarray(inputs["x"]).dtype) * np.abs(h64)
+    magnitude = np.abs(parts[0]) + np.abs(parts[1]) + np.abs(parts[2]) * (centred + rounding)
+    return check_grads_of(op, grads, [dh_total], dy_magnitudes=[magnitude], **inputs)

@@ -383,6 +383,71 @@ def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# h = r + Norm(x @ W + b) with its RowStats (`return_statistics=True`): (op, full size, smoke
+# size, |mean| of the residual rows): Gemma-2-9B's post-attention and post-feedforward norms
+# (d = 3584), rows of |mean|/std ~ 1e3 included.
+RESIDUAL_AFTER_STATS_CASES = [
+    ("dense_rms_norm", (4096, 4096, 3584), (50, 128, 512), 1e3),
+    ("dense_layer_norm", (4096, 4096, 3584), (64, 64, 256), 0.0),
+    ("dense_rms_norm", (4096, 14336, 3584), (64, 256, 256), 0.0),
+]
+
+
+def residual_after_stats_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable for the post-norm kernel's statistics of its
+    output (verify.residual's judge), and the next pre-norm GEMM fed by them."""
+    import jaxnorm
+
+    cases = []
+    for i, (op, full, smoke, mean) in enumerate(RESIDUAL_AFTER_STATS_CASES):
+        m, k, n = _size(full, smoke)
+
+        def inputs_of(seed, op=op, m=m, k=k, n=n, mean=mean):
+            rng = np.random.default_rng(seed)
+            inputs = _op_inputs(rng, op, m, k, n, BF16, residual=False)
+            sign = np.where(rng.random((m, 1)) < 0.5, -1.0, 1.0)
+            inputs["residual_after"] = _draw(rng, (m, n), BF16, shift=mean * sign)
+            return inputs
+
+        def run(inputs, op=op):
+            fn = jaxnorm.dense_rms_norm if op == "dense_rms_norm" else jaxnorm.dense_layer_norm
+            vectors = [inputs["bias"], inputs["scale"]] + (
+                [inputs["norm_bias"]] if op == "dense_layer_norm" else [])
+            return fn(inputs["x"], inputs["kernel"], *vectors, eps=inputs["eps"],
+                      residual_after=inputs["residual_after"], return_statistics=True,
+                      impl=IMPL)
+
+        def correct(i=i, op=op, k=k, n=n, inputs_of=inputs_of, run=run):
+            inputs = inputs_of(700 + i)
+            ratio = vr.check_post_norm_statistics(op, IMPL, **inputs)
+            h, stats = run(inputs)
+            rng = np.random.default_rng(800 + i)
+            norm = dict(kernel=_draw(rng, (n, k), BF16, n**-0.5), bias=None, eps=1e-6,
+                        scale=_draw(rng, (n,), F32, 0.2, 1.0))
+            y = jaxnorm.rms_norm_dense(h, norm["scale"], norm["kernel"], statistics=stats,
+                                       impl=IMPL)
+            consumer = vr.check_consumer("rms_norm_dense", y, IMPL, source="float32", x=h,
+                                         **norm)
+            return f"err/tol {ratio:.3f}; rms_norm_dense(statistics=) err/tol {consumer:.3f}"
+
+        def nan_isolated(i=i, op=op, m=m, k=k, inputs_of=inputs_of):
+            inputs = inputs_of(900 + i)
+            inputs["x"] = np.array(inputs["x"])
+            inputs["x"][m // 2, k // 3] = np.nan
+            return f"err/tol {vr.check_post_norm_statistics(op, IMPL, **inputs):.3f}"
+
+        def repeatable(i=i, inputs_of=inputs_of, run=run):
+            inputs = inputs_of(1000 + i)
+            _assert_bitwise(run(inputs), run(inputs), "second call")
+            return "bitwise"
+
+        label = (f"residual-after stats {op} {m}x{k}x{n} bfloat16"
+                 f"{f' mean={mean:g}' if mean else ''}")
+        cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
+                  ("repeatable", label, repeatable)]
+    return cases
+
+
 # The gated MLP input (jaxnorm.rms_norm_gated_dense): (full size M, K, d_ff), smoke size,
 # activation, dtype, Gemma gain offset, biases: rows not a multiple of the tile, decode, f16.
 GATED_CASES = [
@@ -564,8 +629,8 @@ def main() -> int:
     start = time.time()
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
-    cases = (op_cases() + kernel_cases() + residual_cases() + gated_cases()
-             + decode_gated_cases() + decode_gemm_statistic_cases())
+    cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
+             + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import hardware, post_norm_matmul, row_norm
@@ -119,7 +120,10 @@ def _post_norm(
     pre_norm_sum: bool,
     residual_after: bool,
     interpret: bool,
-) -> tuple[Array, Array | None]:
+    output_stats: bool = False,
+) -> tuple[Array, ...]:
+    """(y, h or None); with `output_stats`, (y, mean, M2) of y's float32 rows, combined here
+    from the kernel's per-tile partials (`jaxnorm.row_stats.from_partials`)."""
     m, k = x.shape
     n = kernel.shape[1]
     if m == 0:
@@ -143,11 +147,17 @@ def _post_norm(
     x = _gpu_input(pad_rows(x, padded_m), "dense_rms_norm" if kind == "rms" else
                    "dense_layer_norm", interpret)
     residual = None if residual is None else pad_rows(residual, padded_m)
-    y, h = post_norm_matmul.post_norm_matmul(
+    outs = post_norm_matmul.post_norm_matmul(
         x, kernel, bias, scale, norm_bias, residual, kind=kind, eps=eps, config=config,
-        pre_norm_sum=pre_norm_sum, residual_after=residual_after, interpret=interpret,
+        pre_norm_sum=pre_norm_sum, residual_after=residual_after, output_stats=output_stats,
+        interpret=interpret,
     )
-    return y[:m], None if h is None else h[:m]
+    y, h = outs[0][:m], None if outs[1] is None else outs[1][:m]
+    if not output_stats:
+        return y, h
+    sums, m2s = outs[2]
+    mean, m2 = row_stats.from_partials(sums[:, :m], m2s[:, :m], config.tile_n)
+    return y, mean, m2
 
 
 @register("dense_rms_norm", "mosaic")
@@ -161,10 +171,11 @@ def dense_rms_norm(
     eps: float,
     pre_norm_sum: bool = True,
     residual_after: bool = False,
+    output_stats: bool = False,
     interpret: bool,
-) -> tuple[Array, Array | None]:
+) -> tuple[Array, ...]:
     return _post_norm("rms", x, kernel, bias, scale, None, residual, eps, pre_norm_sum,
-                      residual_after, interpret)
+                      residual_after, interpret, output_stats)
 
 
 @register("dense_layer_norm", "mosaic")
@@ -179,10 +190,11 @@ def dense_layer_norm(
     eps: float,
     pre_norm_sum: bool = True,
     residual_after: bool = False,
+    output_stats: bool = False,
     interpret: bool,
-) -> tuple[Array, Array | None]:
+) -> tuple[Array, ...]:
     return _post_norm("layer", x, kernel, bias, scale, norm_bias, residual, eps, pre_norm_sum,
-                      residual_after, interpret)
+                      residual_after, interpret, output_stats)
 
 
 # Measured on the H200 against the stock bfloat16 `norm(x @ w + b)` (what a user

@@ -129,10 +129,15 @@ def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array |
 
 
 def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
-                       residual_after: bool, pre_norm_sum: bool) -> tuple[Array, Array | None]:
-    """(y [+ the residual added after the norm, in float32], h or None) in x.dtype."""
+                       residual_after: bool, pre_norm_sum: bool,
+                       output_stats: bool) -> tuple[Array, ...]:
+    """(y [+ the residual added after the norm, in float32], h or None) in x.dtype; with
+    `output_stats`, (y, mean, M2): the row statistics of the float32 y before its rounding."""
     if residual_after:
         y = y + residual.astype(jnp.float32)
+    if output_stats:
+        stats = row_stats.of_rows(y)
+        return y.astype(x.dtype), stats.mean, stats.m2
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
 
 
@@ -147,13 +152,15 @@ def dense_rms_norm(
     eps: float,
     pre_norm_sum: bool = True,
     residual_after: bool = False,
-) -> tuple[Array, Array | None]:
+    output_stats: bool = False,
+) -> tuple[Array, ...]:
     """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum with the
     residual kept in float32 until the end; with `residual_after`, (residual +
-    RMSNorm(x @ W + b), h or None), the add in float32 too."""
+    RMSNorm(x @ W + b), h or None), the add in float32 too. `output_stats` (with
+    pre_norm_sum=False) returns (y, mean, M2) of y's float32 rows instead."""
     h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
-    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum)
+    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum, output_stats)
 
 
 @register("dense_layer_norm", "xla")
@@ -168,13 +175,14 @@ def dense_layer_norm(
     eps: float,
     pre_norm_sum: bool = True,
     residual_after: bool = False,
-) -> tuple[Array, Array | None]:
+    output_stats: bool = False,
+) -> tuple[Array, ...]:
     h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     centered, inv_std = statistics.centered_and_inverse_std(h, eps)
     y = centered * inv_std[:, None] * _gain(scale, 0.0)
     if norm_bias is not None:
         y = y + norm_bias.astype(jnp.float32)
-    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum)
+    return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum, output_stats)
 
 
 

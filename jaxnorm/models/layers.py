@@ -140,19 +140,26 @@ def project_add(cfg: ModelConfig, proj: nnx.Linear, x: Array,
 
 
 def project_then_norm(cfg: ModelConfig, proj: nnx.Linear, norm: nnx.Module, x: Array,
-                      residual: Array | None = None) -> Array:
-    """[residual +] norm(proj(x)): a sublayer's output norm (Gemma 2/3, OLMo 2), then the
-    residual add. Under `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm` with
-    `residual_after=` (the add in its epilogue)."""
+                      residual: Array | None = None, *,
+                      statistics: bool = False) -> Array | tuple[Array, RowStats | None]:
+    """norm(proj(x)), or with a residual (residual + norm(proj(x)), its row statistics or
+    None): a sublayer's output norm (Gemma 2/3, OLMo 2), then the residual add. Under
+    `cfg.fused` it is one post-norm op, `jaxnorm.dense_rms_norm` with `residual_after=`
+    (the add in its epilogue), which with `statistics` also returns the sum's statistics
+    for the next pre-norm GEMM (stock: None)."""
     if not cfg.fused:
         y = norm(proj(x))
-        return y if residual is None else residual + y
+        return y if residual is None else (residual + y, None)
     bias = None if proj.bias is None else proj.bias[...]
     x, kernel, bias, scale, residual = promote_dtype(
         (x, proj.kernel[...], bias, norm.scale[...], residual), dtype=cfg.dtype)
-    return jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=cfg.eps,
-                                  scale_offset=cfg.scale_offset, residual_after=residual,
-                                  impl=cfg.impl)
+    out = jaxnorm.dense_rms_norm(x, kernel, bias, scale, eps=cfg.eps,
+                                 scale_offset=cfg.scale_offset, residual_after=residual,
+                                 return_statistics=statistics and residual is not None,
+                                 impl=cfg.impl)
+    if residual is None or statistics:
+        return out
+    return out, None
 
 
 def tied_logits(norm: nnx.Module, embed: nnx.Embed, x: Array) -> Array:

@@ -16,8 +16,10 @@ where the config has biases):
 A post-norm sublayer adds Norm(W_o a) (or Norm(W_down h)) to the residual; under
 `fused` that norm runs with its projection as one post-norm op (`jaxnorm.dense_rms_norm`).
 In a fused pre-norm model the o- and down-projections write the residual stream with its
-row statistics (`jaxnorm.residual_dense`), and the next block's input norm takes them
-(`statistics=`) instead of reducing the stream again (docs/design.md).
+row statistics (`jaxnorm.residual_dense`, or with post-norms too, as Gemma 2/3,
+`dense_rms_norm(..., return_statistics=True)`), and the next block's input norm takes them
+(`statistics=`) instead of reducing the stream again (docs/design.md). OLMo 2 has no
+input norms, so nothing reads its stream's statistics and none are asked for.
 """
 
 from __future__ import annotations
@@ -83,8 +85,14 @@ class Attention(nnx.Module):
         heads = layers.attend(q, k, v, slots, scalar=cfg.query_pre_attn_scalar,
                               cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
                               pad=pad)
+        if cfg.post_norms and residual is not None:
+            # Gemma 2/3: the sum's statistics for the pre-feedforward norm; OLMo 2 has no
+            # pre-norm to read them.
+            out, stats = layers.project_then_norm(cfg, self.o, self.o_norm, heads, residual,
+                                                  statistics=cfg.pre_norms)
+            return out, stats, cache
         if cfg.post_norms:
-            return layers.project_then_norm(cfg, self.o, self.o_norm, heads, residual), None, cache
+            return layers.project_then_norm(cfg, self.o, self.o_norm, heads), None, cache
         if residual is None:
             return self.o(heads), None, cache
         out, stats = layers.project_add(cfg, self.o, heads, residual)
@@ -127,8 +135,10 @@ class Block(nnx.Module):
         q, k, v = self._qkv(x, stats)
         x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x)
         h = layers.gated_mlp_input(cfg, self.mlp_in, x, stats)
-        if cfg.post_norms:
-            return layers.project_then_norm(cfg, self.down, self.down_norm, h, x), cache, None
+        if cfg.post_norms:  # the statistics for the next layer's input norm (Gemma 2/3)
+            x, stats = layers.project_then_norm(cfg, self.down, self.down_norm, h, x,
+                                                statistics=cfg.pre_norms)
+            return x, cache, stats
         x, stats = layers.project_add(cfg, self.down, h, x)
         return x, cache, stats
 
