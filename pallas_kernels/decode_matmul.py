@@ -110,14 +110,18 @@ def decode_rms_norm_dense(
     row_scale: Array | None = None,
     config: DecodeConfig | None = None,
     interpret: bool = False,
+    in_kernel_statistic: bool = False,
 ) -> tuple[Array, ...]:
     """RMSNorm(x; scale) @ W_i + b_i at decode. A gain that is not folded scales x (M*K, the
     smaller operand) in XLA, in the pass that also takes the row statistic of the unscaled x
-    (unless `row_scale` gives it); with the gain folded or absent and no `row_scale`, the
-    statistic is left to `lazy_rms_decode_matmul` (in the kernel at split_k = 1)."""
+    (unless `row_scale` gives it). With the gain folded or absent, no `row_scale` and
+    `in_kernel_statistic`, the statistic is left to `lazy_rms_decode_matmul` (in the kernel
+    at split_k = 1); by default it is one XLA row reduction, the path the H200 measured in
+    decode steps, until the in-kernel one has run there (bench/gpu/check_kernels.py,
+    "decode GEMM statistic")."""
+    if row_scale is None and (scale is not None or not in_kernel_statistic):
+        row_scale = rms_row_scale(x, eps)
     if scale is not None:
-        if row_scale is None:
-            row_scale = rms_row_scale(x, eps)
         x = (x.astype(jnp.float32) * (scale.astype(jnp.float32) + scale_offset)).astype(x.dtype)
     return lazy_rms_decode_matmul(x, weights, row_scale=row_scale, eps=eps, biases=biases,
                                   config=config, interpret=interpret)

@@ -81,6 +81,23 @@ def test_row_statistic_when_no_row_scale_is_given(m, split_k, tile_n, warpgroups
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
 
 
+@pytest.mark.parametrize("in_kernel", [False, True])
+def test_op_path_takes_the_statistic_in_xla_unless_asked(in_kernel, rng, monkeypatch):
+    """decode_rms_norm_dense without a gain: the XLA row statistic (measured in decode steps)
+    by default, the kernel's when asked; both against float64."""
+    reductions = []
+    original = dm.rms_row_scale
+    monkeypatch.setattr(dm, "rms_row_scale", lambda *a: reductions.append(1) or original(*a))
+    inputs = _inputs(rng, 5, 256, QKV)
+    config = dc.DecodeConfig(tile_n=128, split_k=1, stages=3)
+    outs = dm.decode_rms_norm_dense(
+        inputs["x"], inputs["kernel"], eps=inputs["eps"], scale=None, scale_offset=0.0,
+        biases=inputs["bias"], config=config, interpret=True, in_kernel_statistic=in_kernel)
+    assert_race_free()
+    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+    assert bool(reductions) is not in_kernel
+
+
 @pytest.mark.parametrize("m, split_k, dtype", [(3, 1, jnp.float16), (13, 2, BF16)])
 def test_gain_folded_into_x_without_biases(m, split_k, dtype, rng):
     """Gemma's (1 + g) gain scales x; no bias vectors; M = 13 pads x to 16 rows for TMA."""
