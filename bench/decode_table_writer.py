@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pallas_kernels import decode_configs
+from bench.gemm_table_writer import module_header
+from pallas_kernels import decode_configs, hardware
 
 
 def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int], float]]:
@@ -29,14 +30,13 @@ def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> s
     with its ratio to one cuBLAS dot per weight in the same interleaved rounds."""
     entries = _entries(docs)
     env = docs[-1]["environment"]
+    # Runs written before decode-gemm.json recorded its SM count ran on the H200.
     provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=docs[-1].get("sms", 132), commit=commit)
-    lines = [f'"""{decode_configs.__doc__}"""', "",
-             "# The runs: commands, UTC date of the last, GPU, its SM count, commits.",
-             "PROVENANCE: dict[str, str | int | None] = {"]
-    lines += [f"    {key!r}: {value!r}," for key, value in provenance.items()]
-    lines += ["}", "",
-              "# ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.",
+                      sms=docs[-1].get("sms", hardware.H200_SMS), commit=commit)
+    lines = module_header(decode_configs.__doc__,
+                          "The runs: commands, UTC date of the last, GPU, its SM count, commits.",
+                          provenance)
+    lines += ["# ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.",
               "ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], "
               "...] = ("]
     for shape, (config, ratio) in entries.items():

@@ -129,10 +129,11 @@ def decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:
     the product (the norm's pass over x, or the residual add and statistics) is the same
     either way."""
     m, k = x.shape
-    entry = decode_config.measured_entry(m, k, [w.shape[1] for w in kernels],
-                                         sms=hardware.num_sms(), itemsize=x.dtype.itemsize)
+    ns = [w.shape[1] for w in kernels]
+    entry = decode_config.measured_entry(m, k, ns, sms=hardware.num_sms(),
+                                         itemsize=x.dtype.itemsize)
     if entry is None:
-        return (f"at M={m}, K={k}, N={sum(w.shape[1] for w in kernels)} the decode GEMM "
+        return (f"at M={m}, K={k}, N={sum(ns)} the decode GEMM "
                 "has no measured shape nearby (pallas_kernels/decode_configs.py); "
                 "impl='mosaic' forces it")
     if entry.ratio_to_cublas > DECODE_MAX_RATIO:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxnorm import row_stats
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
+from jaxnorm.backends import xla
 from jaxnorm.backends.mosaic_dense import decode_not_faster
 from pallas_kernels import decode_matmul, gemm_config
 from pallas_kernels import residual_matmul as rm
@@ -51,9 +52,7 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
         (y,) = decode_matmul.lazy_rms_decode_matmul(
             x, [kernel], row_scale=jnp.ones((m,), jnp.float32), biases=[bias],
             interpret=interpret)
-        h = y + residual.astype(x.dtype)
-        stats = row_stats.of_rows(h)
-        return h, stats.mean, stats.m2
+        return xla.residual_outputs(y, residual)
     config = rm.residual_config(m, k, kernel.shape[1], itemsize=jnp.dtype(x.dtype).itemsize)
     h, (sums, m2s) = rm.residual_matmul(x, kernel, residual, bias=bias, config=config,
                                         interpret=interpret)

@@ -193,6 +193,12 @@ def residual_dense(
     """(h, mean, m2): h = x @ W + b + residual as XLA users write it (one dot in x.dtype, the
     residual added in x.dtype, which XLA fuses into cuBLAS as beta = 1), then h's two-pass
     float32 row statistics."""
-    h = _linear(x, kernel, bias) + residual.astype(x.dtype)
+    return residual_outputs(_linear(x, kernel, bias), residual)
+
+
+def residual_outputs(y: Array, residual: Array) -> tuple[Array, Array, Array]:
+    """(h, mean, m2): h = y + residual in y's dtype and h's float32 row statistics, after
+    whichever GEMM wrote y (this path's dot, or the decode GEMM's at decode)."""
+    h = y + residual.astype(y.dtype)
     stats = row_stats.of_rows(h)
     return h, stats.mean, stats.m2
