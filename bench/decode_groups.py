@@ -4,11 +4,13 @@
     PYTHONPATH=. python -m bench.decode_groups --smoke --out /tmp/d          # CPU, interpreter
 
 Per shape (M x K x (d_ff + d_ff); M = 1, 8, 64; K x d_ff and activation of Llama-3.2-1B,
-Qwen3-0.6B, Qwen3-4B, Llama-3-8B and Gemma-3-1B), three variants:
+Qwen3-0.6B, Qwen3-4B, Llama-3-8B and Gemma-3-1B), four variants:
 
-- "decode gated": `jaxnorm.rms_norm_gated_dense(scale=None, impl="mosaic")`, the gain
-  folded, so one launch with the row statistic in the kernel (the model's pick, then with
-  `--configs` > 1 the other candidate tiles of `decode_config.GATED_TILES`);
+- "decode gated": the kernel with the gain folded (as `jaxnorm.rms_norm_gated_dense(scale=None,
+  impl="mosaic")` runs it), so one launch with the row statistic in the kernel (the model's
+  pick, then with `--configs` > 1 the other candidate tiles of `decode_config.GATED_TILES`);
+- "decode gated, gain unfolded": `jaxnorm.rms_norm_gated_dense(x, gain, impl="mosaic")`, as an
+  unflashified model runs it: XLA scales x by the gain and takes the statistic, then the kernel;
 - "stock": what stock Flax runs (impl="xla"): the norm with its gain in float32 cast to
   bf16, two bf16 dots, act(gate) * up;
 - "dots + act": XLA's two dots and act(gate) * up with no norm at all (the floor).
@@ -20,6 +22,9 @@ floor's against float64 within 2^-6 of |ref| + rms(ref). Then all are measured i
 rounds' stock and floor) with bench/timing.py: CUPTI kernel time summed over every kernel of
 the call, inputs rotated through copies larger than L2. decode-groups.json is rewritten after
 every shape; decode-groups.md holds the table. Shapes start only while the budget lasts.
+
+`--write-table RUN.json... --run-command ... --run-commit ...` turns runs into
+jaxnorm/backends/decode_gated_measured.py, the ratios automatic dispatch reads.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import decode_gemm, report, timing
+from bench import decode_gemm, decode_table_writer, report, timing
+from jaxnorm.backends import decode_gated_measured
 from pallas_kernels import decode_config as dc
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
@@ -48,7 +54,9 @@ ROWS = (1, 8, 64)
 SMOKE_SHAPES, SMOKE_ROWS = [(128, 192, "silu")], (8,)
 FLOOR_TOLERANCE = 2**-6
 ROUNDS = 2
-STOCK, FLOOR = "stock", "dots + act"
+UNFOLDED, STOCK, FLOOR = "decode gated, gain unfolded", "stock", "dots + act"
+BASELINES = (UNFOLDED, STOCK, FLOOR)  # every label but these is a kernel config
+TABLE_PATH = Path(decode_gated_measured.__file__)
 
 
 def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
@@ -88,6 +96,10 @@ def _variants(configs: list[dc.DecodeConfig], activation: str,
         return decode_gated.decode_gated_rms_matmul(x, wg, wu, activation=activation,
                                                     config=config, interpret=interpret)
 
+    def unfolded(x, g, wg, wu):
+        return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, activation=activation,
+                                            impl="interpret" if interpret else "mosaic")
+
     def stock(x, g, wg, wu):
         return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, activation=activation, impl="xla")
 
@@ -96,7 +108,7 @@ def _variants(configs: list[dc.DecodeConfig], activation: str,
         return act(x @ wg) * (x @ wu)
 
     fns = {_label(c): functools.partial(ours, c) for c in configs}
-    return {**fns, STOCK: stock, FLOOR: floor}
+    return {**fns, UNFOLDED: unfolded, STOCK: stock, FLOOR: floor}
 
 
 def floor_error(y: jax.Array, x: jax.Array, wg: jax.Array, wu: jax.Array,
@@ -124,10 +136,10 @@ def check(label: str, fn: Callable[..., jax.Array], first: tuple[jax.Array, ...]
             entry["error"] = floor_error(y, x, wg, wu, activation)
             entry["correct"] = entry["error"] <= FLOOR_TOLERANCE
         else:
-            kernel = label != STOCK
+            folded = label not in BASELINES
             entry["err_tol"] = gated.check_gated(
-                y, x, None if kernel else g, wg, wu, activation_name=activation,
-                act_dtype=jnp.float32 if kernel else None)
+                y, x, None if folded else g, wg, wu, activation_name=activation,
+                act_dtype=None if label == STOCK else jnp.float32)
             entry["correct"] = True
     except Exception as err:  # a wrong or failing variant is reported, not timed
         entry.update(correct=False, failure=f"{type(err).__name__}: {str(err)[:300]}")
@@ -170,7 +182,7 @@ def table(rows: list[dict[str, Any]]) -> report.TextTable:
     for row in rows:
         m, k, n = row["shape"]
         by_label = {e["label"]: e for e in row["variants"]}
-        kernels = [e for e in row["variants"] if e["label"] not in (STOCK, FLOOR)]
+        kernels = [e for e in row["variants"] if e["label"] not in BASELINES]
         best = min((e for e in kernels if "us" in e), key=lambda e: e["us"], default=None)
         lines.append([
             f"{m}x{k}x({n}+{n})", row["activation"], best["label"] if best else "none correct",
@@ -179,11 +191,13 @@ def table(rows: list[dict[str, Any]]) -> report.TextTable:
             report.fmt(best.get("vs_stock") if best else None, 2),
             report.fmt(best.get("vs_floor") if best else None, 2),
             report.fmt(best["tb_s"] if best else None, 2),
+            report.fmt(by_label[UNFOLDED].get("vs_stock"), 2),
         ])
     return report.TextTable(
         "decode MLP input: decode gated kernel (gain folded) vs XLA",
         ["M x K x (d_ff + d_ff)", "act", "best kernel config", "kernel us", "stock us",
-         "dots + act us", "kernel/stock", "kernel/floor", "kernel TB/s"], lines, left_columns=3)
+         "dots + act us", "kernel/stock", "kernel/floor", "kernel TB/s",
+         "unfolded/stock"], lines, left_columns=3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +208,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel configs per shape at most, the model's pick first")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
+    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path, nargs="+",
+                        help="write jaxnorm/backends/decode_gated_measured.py from these GPU "
+                             "runs' decode-groups.json (later runs win) and exit")
+    parser.add_argument("--run-command", default="python -m bench.decode_groups",
+                        help="with --write-table: the commands that produced the JSON")
+    parser.add_argument("--run-commit", default="unknown",
+                        help="with --write-table: the commits the runs measured")
     args = parser.parse_args(argv)
+    if args.write_table:
+        print(decode_table_writer.write_gated_table(args.write_table, TABLE_PATH,
+                                                    command=args.run_command,
+                                                    commit=args.run_commit))
+        return 0
     if args.smoke:
         use_interpreter_safe_xla_flags()  # before jax computes anything
     args.out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     sms = 4 if args.smoke else jax.devices()[0].core_count
     shapes = [(m, k, n, act) for k, n, act in (SMOKE_SHAPES if args.smoke else SHAPES)
               for m in (SMOKE_ROWS if args.smoke else ROWS)]
-    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke,
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    budget_s=args.budget_s, rows=[], skipped=[])
     for m, k, n, activation in shapes:
         if time.monotonic() - start > args.budget_s:

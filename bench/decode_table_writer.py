@@ -49,3 +49,47 @@ def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> s
 def write_table(results: Sequence[Path], table: Path, *, command: str, commit: str) -> Path:
     table.write_text(table_source([json.loads(p.read_text()) for p in results], command, commit))
     return table
+
+
+def gated_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """jaxnorm/backends/decode_gated_measured.py's text from bench/decode_groups.py runs:
+    per measured shape the model-picked kernel's ratio to stock, gain folded and unfolded
+    (None where that variant was not timed); later runs win."""
+    from bench import decode_groups
+    from jaxnorm.backends import decode_gated_measured
+
+    entries: dict[tuple[int, int, int], tuple[str, float | None, float | None]] = {}
+    for doc in docs:
+        if doc.get("smoke"):
+            raise ValueError("results: a table needs a GPU run, not --smoke")
+        for row in doc["rows"]:
+            kernels = [e for e in row["variants"] if e["label"] not in decode_groups.BASELINES]
+            by_label = {e["label"]: e for e in row["variants"]}
+            # The first kernel entry is the config dispatch runs (the model's pick).
+            folded = kernels[0].get("vs_stock") if kernels else None
+            unfolded = by_label.get(decode_groups.UNFOLDED, {}).get("vs_stock")
+            entries[tuple(row["shape"])] = row["activation"], folded, unfolded
+    env = docs[-1]["environment"]
+    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
+                      sms=docs[-1].get("sms", hardware.H200_SMS), commit=commit)
+    lines = module_header(decode_gated_measured.__doc__,
+                          "The runs: commands, UTC date of the last, GPU, its SM count, commits.",
+                          provenance)
+    lines += ["# ((M, K, d_ff), activation, kernel / stock with the gain folded, unfolded).",
+              "ENTRIES: tuple[tuple[tuple[int, int, int], str, float | None, float | None], "
+              "...] = ("]
+
+    def fmt(ratio: float | None) -> str:
+        return "None" if ratio is None else f"{ratio:.3f}"
+
+    for shape, (activation, folded, unfolded) in entries.items():
+        lines.append(f"    ({shape!r}, {activation!r}, {fmt(folded)}, {fmt(unfolded)}),")
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def write_gated_table(results: Sequence[Path], table: Path, *, command: str,
+                      commit: str) -> Path:
+    table.write_text(gated_table_source([json.loads(p.read_text()) for p in results],
+                                        command, commit))
+    return table

@@ -5,6 +5,7 @@
 #   bash scripts/h200.sh post-norm                    # the post-norm kernel alone
 #   bash scripts/h200.sh kernels doctor hf-parity     # kernel checks, the doctor, checkpoints
 #   ONLY=gated,residual KERNELS_LIMIT=120 bash scripts/h200.sh kernels decode-box post-after parity
+#   GROUPS_LIMIT=100 bash scripts/h200.sh decode-groups      # the decode MLP-input group vs XLA
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
@@ -53,6 +54,13 @@ for name in "$@"; do
     decode-presets) stage decode_presets "${PRESETS_LIMIT:-170}" python3 -m bench.decode_gemm \
                       --launches presets --rows "${ROWS:-1,8}" --configs 2 --budget-s 120 \
                       --out "$WORK/decode_presets" ;;
+    decode-groups) stage decode_groups "${GROUPS_LIMIT:-120}" python3 -m bench.decode_groups \
+                     --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) --out "$WORK/decode_groups" ;;
+    gated-table)  # after decode-groups: its measured ratios become dispatch's table, here
+      stage gated_table 30 python3 -m bench.decode_groups --write-table \
+        "$WORK/decode_groups/decode-groups.json" --run-commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        --run-command "python -m bench.decode_groups --budget-s $(( ${GROUPS_LIMIT:-120} - 20 ))"
+      cp jaxnorm/backends/decode_gated_measured.py "$WORK/" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped

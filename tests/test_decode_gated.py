@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm.backends import mosaic_gated
+from jaxnorm.backends import decode_gated_measured, mosaic_gated
 from kernel_checks import assert_race_free
 from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_gated as dg
@@ -109,10 +109,39 @@ def test_op_serves_decode_rows_with_the_decode_gated_kernel(rng, monkeypatch):
                           **kw) <= 1.0
 
 
-def test_automatic_dispatch_declines_decode_as_unmeasured():
-    reason = mosaic_gated._not_measured_faster(jnp.ones((8, 64), BF16))
-    assert "decode gated kernel" in reason and "not yet measured" in reason
-    assert "impl='mosaic'" in reason
+def _gate(k: int, n: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((k, n), BF16)
+
+
+def test_automatic_dispatch_at_decode_follows_the_measured_table(monkeypatch):
+    """Kernel where the nearest measured shape (within 2x in M, K and d_ff) was at most
+    DECODE_MAX_RATIO of stock with the call's gain state; the reason everywhere else."""
+    monkeypatch.setattr(decode_gated_measured, "ENTRIES", (
+        ((1, 1024, 3072), "silu", 0.42, 0.95), ((8, 2048, 8192), "silu", 0.93, None)))
+    monkeypatch.setattr(decode_gated_measured, "PROVENANCE", {"sms": hardware.num_sms()})
+    gain = jnp.ones((1024,), BF16)
+    decline = mosaic_gated._not_measured_faster
+    assert decline(jnp.ones((2, 1024), BF16), None, _gate(1024, 3072)) is None  # folded 0.42
+    assert decline(jnp.ones((1, 1500), BF16), None, _gate(1500, 4096)) is None
+    reason = decline(jnp.ones((1, 1024), BF16), gain, _gate(1024, 3072))
+    assert "0.950x" in reason and "gain unfolded" in reason and "impl='mosaic'" in reason
+    reason = decline(jnp.ones((8, 2048), BF16), None, _gate(2048, 8192))
+    assert "0.930x" in reason and "above 0.9x" in reason
+    reason = decline(jnp.ones((8, 2048), BF16), gain, _gate(2048, 8192))
+    assert "not yet measured" in reason
+    reason = decline(jnp.ones((4, 1024), BF16), None, _gate(1024, 3072))  # 4x from M = 1
+    assert "no measured shape within 2x" in reason
+    monkeypatch.setattr(decode_gated_measured, "PROVENANCE", {"sms": 1})
+    assert "no measured shape" in decline(jnp.ones((1, 1024), BF16), None, _gate(1024, 3072))
+
+
+def test_the_measured_table_is_consistent():
+    """Each entry is a decode shape the kernel serves, with ratios that are None or positive."""
+    assert decode_gated_measured.PROVENANCE["device"].startswith("NVIDIA")
+    for (m, k, n), activation, *ratios in decode_gated_measured.ENTRIES:
+        assert 1 <= m <= dg.MAX_ROWS and k % 64 == 0 and n % 64 == 0
+        assert activation in dg.ACTIVATIONS
+        assert all(r is None or r > 0 for r in ratios)
 
 
 @pytest.mark.parametrize("m", [1, 8, 64])

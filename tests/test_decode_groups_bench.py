@@ -8,8 +8,9 @@ import json
 
 import jax
 import jax.numpy as jnp
+import pytest
 
-from bench import decode_groups
+from bench import decode_groups, decode_table_writer
 
 
 def test_smoke_run_checks_times_and_reports(tmp_path):
@@ -20,16 +21,35 @@ def test_smoke_run_checks_times_and_reports(tmp_path):
     (row,) = payload["rows"]
     assert row["shape"] == [8, 128, 192] and row["activation"] == "silu"
     labels = [e["label"] for e in row["variants"]]
-    # Two kernel configs (the pick first), then the two XLA baselines.
-    assert labels[2:] == [decode_groups.STOCK, decode_groups.FLOOR] and len(labels) == 4
+    # Two kernel configs (the pick first), the kernel with the gain unfolded, two XLA baselines.
+    assert labels[2:] == list(decode_groups.BASELINES) and len(labels) == 5
     pick = decode_groups.candidate_configs(8, 128, 192, 4)[0]
     assert row["variants"][0]["config"] == dataclasses.asdict(pick)
     for entry in row["variants"]:
         assert entry["correct"] and entry["us"] > 0
-        assert entry["vs_stock"] == entry["us"] / row["variants"][2]["us"]
-    assert all(e["err_tol"] <= 1.0 for e in row["variants"][:3])
-    assert row["variants"][3]["error"] <= decode_groups.FLOOR_TOLERANCE
+        assert entry["vs_stock"] == entry["us"] / row["variants"][3]["us"]
+    assert all(e["err_tol"] <= 1.0 for e in row["variants"][:4])
+    assert row["variants"][4]["error"] <= decode_groups.FLOOR_TOLERANCE
     assert "| 8x128x(192+192) | silu |" in (tmp_path / "decode-groups.md").read_text()
+    with pytest.raises(ValueError, match="--smoke"):
+        decode_table_writer.gated_table_source([payload], "cmd", "abc")
+
+
+def test_the_table_module_holds_each_shapes_ratios():
+    """--write-table: per shape the pick's and the unfolded kernel's ratio to stock."""
+    variants = [dict(label="decode gated n64 st8", vs_stock=0.5), dict(label="n128", vs_stock=0.4),
+                dict(label=decode_groups.UNFOLDED, vs_stock=0.75),
+                dict(label=decode_groups.STOCK, vs_stock=1.0), dict(label=decode_groups.FLOOR)]
+    doc = dict(environment=dict(date_utc="2026-12-01", devices=["NVIDIA H200"]), sms=132,
+               rows=[dict(shape=[1, 1024, 3072], activation="silu", variants=variants),
+                     dict(shape=[8, 1024, 3072], activation="gelu_tanh",
+                          variants=variants[:1] + variants[3:])])
+    namespace: dict = {}
+    exec(decode_table_writer.gated_table_source([doc], "python -m bench.decode_groups", "abc"),
+         namespace)
+    assert namespace["PROVENANCE"]["sms"] == 132 and namespace["PROVENANCE"]["commit"] == "abc"
+    assert namespace["ENTRIES"] == (((1, 1024, 3072), "silu", 0.5, 0.75),
+                                    ((8, 1024, 3072), "gelu_tanh", 0.5, None))
 
 
 def test_a_wrong_floor_is_caught_by_the_check():

@@ -118,10 +118,11 @@ def test_automatic_dispatch_runs_xla_and_says_why(rng):
 
 
 def test_automatic_dispatch_takes_the_kernel_only_where_measured():
-    reason = mosaic_gated._not_measured_faster(jnp.ones((2048, 64), BF16))
+    gate = jax.ShapeDtypeStruct((64, 128), BF16)
+    reason = mosaic_gated._not_measured_faster(jnp.ones((2048, 64), BF16), None, gate)
     assert "not measured" in reason and "impl='mosaic'" in reason
     assert mosaic_gated._not_measured_faster(jnp.ones((mosaic_gated.MIN_MEASURED_ROWS, 64),
-                                                      BF16)) is None
+                                                      BF16), None, gate) is None
 
 
 GRAD_CASES = {

@@ -10,12 +10,15 @@ custom_vjp supplies a pure-JAX backward.
 
 from __future__ import annotations
 
+import math
+
 import jax
 
-from jaxnorm.backends.mosaic_dense import _check
+from jaxnorm.backends import decode_gated_measured
+from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check
 from jaxnorm.backends.xla_gated import OP
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import decode_gated, gated_matmul
+from pallas_kernels import decode_gated, gated_matmul, hardware
 
 Array = jax.Array
 
@@ -35,17 +38,50 @@ def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_k
 # Measured on the H200 (bench/results/2026-12-01-free-stats, gated-bench.json, CUPTI,
 # SwiGLU, gain unfolded): 0.785-0.959x XLA's norm + two dots + silu * up at M = 4096
 # (K x d_ff = 2048x8192, 4096x14336, 1024x3072, 2560x9728) and M = 8192 (2048x8192,
-# 4096x14336). Smaller M is not measured.
+# 4096x14336). M between decode's 64 and 4096 is not measured.
 MIN_MEASURED_ROWS = 4096
 
 
+def _nearest_decode_entry(m: int, k: int, n: int):
+    """The decode_gated_measured entry within 2x of (M, K, d_ff) in each, nearest in log2."""
+    if decode_gated_measured.PROVENANCE.get("sms") != hardware.num_sms():
+        return None
+    here = [math.log2(d) for d in (m, k, n)]
+    near = [(math.dist(here, [math.log2(d) for d in shape]), (shape, folded, unfolded))
+            for shape, _, folded, unfolded in decode_gated_measured.ENTRIES
+            if all(abs(math.log2(d) - h) <= 1 for d, h in zip(shape, here))]
+    return min(near)[1] if near else None
+
+
+def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str | None:
+    """At decode the kernel runs automatically only where the nearest measured shape had it
+    at or under DECODE_MAX_RATIO of stock's MLP input, with the gain as this call has it."""
+    (m, k), n = x.shape, gate_kernel.shape[1]
+    gain = "folded" if scale is None else "unfolded"
+    entry = _nearest_decode_entry(m, k, n)
+    if entry is None:
+        return (f"at {m}x{k}x{n} the decode gated kernel has no measured shape within 2x "
+                "(jaxnorm/backends/decode_gated_measured.py, bench/decode_groups.py); "
+                "impl='mosaic' forces it")
+    shape, folded, unfolded = entry
+    ratio = folded if scale is None else unfolded
+    if ratio is None:
+        return (f"at {m}x{k}x{n} the decode gated kernel with the gain {gain} is not yet "
+                f"measured (nearest shape {'x'.join(map(str, shape))}, "
+                "jaxnorm/backends/decode_gated_measured.py); impl='mosaic' forces it")
+    if ratio > DECODE_MAX_RATIO:
+        return (f"at {m}x{k}x{n} the decode gated kernel with the gain {gain} measured "
+                f"{ratio:.3f}x stock's norm + two dots + act * up at "
+                f"{'x'.join(map(str, shape))} on the H200, above {DECODE_MAX_RATIO}x "
+                "(jaxnorm/backends/decode_gated_measured.py); impl='mosaic' forces it")
+    return None
+
+
 @decline_automatic(OP)
-def _not_measured_faster(x, *args, **kwargs) -> str | None:
+def _not_measured_faster(x, scale, gate_kernel, *args, **kwargs) -> str | None:
     """The kernel runs under impl=None only at the row counts where it measured faster."""
     if x.shape[0] <= decode_gated.MAX_ROWS:
-        return (f"at M={x.shape[0]} the decode gated kernel (pallas_kernels/decode_gated.py) "
-                "is not yet measured against XLA's norm + two dots + act * up on the H200 "
-                "(bench/decode_groups.py); impl='mosaic' forces it")
+        return decode_not_faster(x, scale, gate_kernel)
     if x.shape[0] >= MIN_MEASURED_ROWS:
         return None
     return (f"at M={x.shape[0]} < {MIN_MEASURED_ROWS} the gated gate/up kernel is not measured "
