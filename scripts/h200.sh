@@ -58,7 +58,7 @@ for name in "$@"; do
                      --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) --out "$WORK/decode_groups" ;;
     gated-table)  # after decode-groups: its measured ratios become dispatch's table, here
       stage gated_table 30 python3 -m bench.decode_groups --write-table \
-        "$WORK/decode_groups/decode-groups.json" --run-commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        "$WORK/decode_groups/decode-groups.json" --run-commit "${RUN_COMMIT:-unknown}" \
         --run-command "python -m bench.decode_groups --budget-s $(( ${GROUPS_LIMIT:-120} - 20 ))"
       cp jaxnorm/backends/decode_gated_measured.py "$WORK/" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
