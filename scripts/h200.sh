@@ -65,7 +65,7 @@ for name in "$@"; do
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped
       for family in llama qwen3; do
-        stage "parity_$family" 75 python3 examples/decode_parity.py --impl mosaic --steps 256 \
+        stage "parity_$family" "${PARITY_LIMIT:-110}" python3 examples/decode_parity.py --impl mosaic --steps 256 \
           --family "$family"
       done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
