@@ -64,13 +64,13 @@ for name in "$@"; do
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped
-      for family in llama qwen3; do
+      for family in ${FAMILIES:-llama qwen3}; do
         stage "parity_$family" "${PARITY_LIMIT:-110}" python3 examples/decode_parity.py --impl mosaic --steps 256 \
           --family "$family"
       done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
-    model) bench model "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
+    model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
