@@ -8,7 +8,10 @@ has the gradient of the unfused h -> norm -> dense.
 
 The kernel forward is paired with the backward of the xla formulation (the same
 algebra, differentiated by JAX), which is exact for that formulation and needs
-no normalized activation saved.
+no normalized activation saved. Where automatic dispatch (impl=None) falls back to
+xla, the op runs stock's graph instead, the norm reducing x itself: the statistics,
+x's by contract, are then unused, and under jit XLA drops the reduction that produced
+them. impl="xla" keeps the given-statistics formulation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import NamedTuple
 
 import jax
 
-from jaxnorm import dispatch
+from jaxnorm import autodiff, dispatch
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
@@ -60,7 +63,12 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     params = (scale,) if kind == "rms" else (scale, norm_bias)
     args = (x, *params, kernels, biases, stats)
     chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+    if impl is None and chosen == "xla":
+        # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
+        # unused and XLA drops their producer's reduction (fewer kernels than applying them).
+        return autodiff.norm_dense(kind, x, scale, norm_bias, kernels, biases, eps=eps,
+                                   scale_offset=scale_offset, impl=None)
     s = _Static(op, chosen, eps, scale_offset)
     if chosen == "xla":
-        return _call(s, "xla", args)  # plain JAX: differentiated as the stock layers are
+        return _call(s, "xla", args)  # plain JAX: the given-statistics formulation
     return _given(s, args)
