@@ -12,7 +12,9 @@ backward) instead of saving two [M, d_ff] activations, then
 d gate = dy * up * act'(gate), d up = dy * act(gate) in float32. Where impl=None
 resolves to the kernel, the op is differentiated as the xla formulation (as
 `jaxnorm.autodiff` does for every op: a training step gains nothing from a
-forward whose products the backward needs again).
+forward whose products the backward needs again), reducing x itself: statistics
+given with x are x's own, so the whole gradient flows through x and theirs is zero.
+An explicit impl with statistics differentiates the given-statistics formulation.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, autodiff, dispatch
+from jaxnorm import _checks, autodiff, dispatch, row_stats
 from jaxnorm.backends import xla_gated
 from jaxnorm.backends.xla_gated import ACTIVATIONS, OP
 
@@ -48,20 +50,28 @@ class _Static(NamedTuple):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gated(s: _Static, x, scale, gate_kernel, up_kernel, gate_bias, up_bias) -> Array:
+def _gated(s: _Static, x, scale, gate_kernel, up_kernel, gate_bias, up_bias, stats) -> Array:
     return dispatch.call(OP, s.impl, x, scale, gate_kernel, up_kernel, gate_bias, up_bias,
-                         **s.kwargs())
+                         stats, **s.kwargs())
+
+
+def _xla_formulation(s: _Static, *args) -> Array:
+    return xla_gated.rms_norm_gated_dense(*args, **s.kwargs())
 
 
 def _gated_fwd(s: _Static, *args):
-    if s.automatic:
-        return jax.vjp(lambda *a: xla_gated.rms_norm_gated_dense(*a, **s.kwargs()), *args)
+    if s.automatic:  # stock's formulation: given statistics (x's own) get no cotangent
+        return jax.vjp(functools.partial(_xla_formulation, s), *args[:-1])
     return dispatch.call(OP, s.impl, *args, **s.kwargs()), args
 
 
 def _gated_bwd(s: _Static, res, dy: Array):
     if s.automatic:
-        return res(dy)
+        return (*res(dy), None)
+    *res, stats = res
+    if stats is not None:  # the given-statistics formulation, differentiated by JAX
+        _, vjp = jax.vjp(functools.partial(_xla_formulation, s), *res, stats)
+        return vjp(dy)
     x, scale, gate_kernel, up_kernel, gate_bias, up_bias = res
 
     def products(x, scale, gate_kernel, up_kernel, gate_bias, up_bias):
@@ -74,7 +84,7 @@ def _gated_bwd(s: _Static, res, dy: Array):
     dy32 = dy.astype(F32)
     (d_gate,) = act_vjp(dy32 * up.astype(F32))
     d_up = dy32 * gated
-    return products_vjp((d_gate.astype(gate.dtype), d_up.astype(up.dtype)))
+    return (*products_vjp((d_gate.astype(gate.dtype), d_up.astype(up.dtype))), None)
 
 
 _gated.defvjp(_gated_fwd, _gated_bwd)
@@ -101,6 +111,7 @@ def rms_norm_gated_dense(
     eps: float = 1e-6,
     scale_offset: float = 0.0,
     impl: str | None = None,
+    statistics: row_stats.RowStats | None = None,
 ) -> jax.Array:
     """act(RMSNorm(x; scale) @ gate_kernel + gate_bias) * (RMSNorm(x; scale) @ up_kernel + up_bias).
 
@@ -108,7 +119,9 @@ def rms_norm_gated_dense(
     [..., d_ff] in x's dtype. `activation`: "silu" (SwiGLU), "gelu_tanh" (GeGLU,
     Gemma) or "gelu" (exact). `scale=None` means the gain is folded into both
     kernels (`jaxnorm.fold`); `scale_offset=1.0` is Gemma's (1 + scale) gain.
-    `impl`: None (automatic), "xla", "mosaic" or "interpret".
+    `impl`: None (automatic), "xla", "mosaic" or "interpret". `statistics`: x's
+    `RowStats` (from `residual_dense`), the kernel's row scale without a reduction
+    over x; where impl=None falls back to xla, the norm reduces x itself as stock does.
 
     >>> y = rms_norm_gated_dense(jnp.ones((2, 64)), jnp.ones(64), jnp.ones((64, 128)),
     ...                          jnp.ones((64, 128)))
@@ -125,13 +138,17 @@ def rms_norm_gated_dense(
     _checks.check_vector("up_bias", up_bias, n)
     x = jnp.asarray(x)
     lead = x.shape[:-1]
+    stats = None
+    if statistics is not None:
+        given = row_stats.check("statistics", statistics, x.shape)
+        stats = row_stats.RowStats(given.mean.reshape(-1), given.m2.reshape(-1), k)
     args = tuple(None if a is None else jnp.asarray(a)
                  for a in (x.reshape(-1, k), scale, w_gate, w_up, gate_bias, up_bias))
     kwargs = dict(activation=activation, eps=eps, scale_offset=scale_offset)
-    chosen = dispatch.resolve(OP, impl, *args, **kwargs)
-    if impl is None and chosen == "xla":
+    chosen = dispatch.resolve(OP, impl, *args, stats, **kwargs)
+    if impl is None and chosen == "xla":  # stock's graph: the statistics go unused
         y = xla_gated.rms_norm_gated_dense(*args, **kwargs)
     else:
         s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None)
-        y = _gated(s, *args)
+        y = _gated(s, *args, stats)
     return y.reshape(*lead, n)

@@ -15,6 +15,7 @@ from flax.linen.dtypes import canonicalize_dtype
 
 from jaxnorm import gated
 from jaxnorm.linen import _DenseParams, _NormDense, _NormParams
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 
@@ -34,7 +35,8 @@ class RMSNormGatedMLP(_NormDense):
     activation: str = "silu"
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, statistics: RowStats | None = None) -> Array:
+        """`statistics`: x's RowStats (from `ResidualDense`), the norm's row scale given."""
         k = jnp.shape(x)[-1]
         scale, _ = _NormParams(self.use_scale, False, nn.initializers.zeros_init(),
                                self.scale_init, self.param_dtype, name="norm")(k)
@@ -46,4 +48,4 @@ class RMSNormGatedMLP(_NormDense):
                   for p in (x, w_gate, w_up, b_gate, b_up)]
         return gated.rms_norm_gated_dense(
             params[0], scale, *params[1:], activation=self.activation, eps=self.epsilon,
-            scale_offset=self.scale_offset, impl=self.impl)
+            scale_offset=self.scale_offset, impl=self.impl, statistics=statistics)

@@ -18,6 +18,7 @@ from flax.typing import Dtype, Initializer
 
 from jaxnorm import gated
 from jaxnorm.nnx import RMSNormProjections
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 
@@ -48,11 +49,13 @@ class RMSNormGatedMLP(RMSNormProjections):
                          scale_offset=scale_offset, impl=impl, rngs=rngs)
         self.activation = activation
 
-    def __call__(self, x: Array) -> Array:  # type: ignore[override]
+    def __call__(self, x: Array,  # type: ignore[override]
+                 statistics: RowStats | None = None) -> Array:
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
         scale, _ = self.norm.params()
         params = [None if p is None else p[...] for p in (
             self.gate.kernel, self.up.kernel, self.gate.bias, self.up.bias)]
         x, scale, *params = promote_dtype((x, scale, *params), dtype=self.dtype)
         return gated.rms_norm_gated_dense(
             x, scale, *params, activation=self.activation, eps=self.norm.epsilon,
-            scale_offset=self.norm.scale_offset, impl=self.norm.impl)
+            scale_offset=self.norm.scale_offset, impl=self.norm.impl, statistics=statistics)

@@ -14,6 +14,7 @@ import math
 
 import jax
 
+from jaxnorm import row_stats
 from jaxnorm.backends import decode_gated_measured
 from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check
 from jaxnorm.backends.xla_gated import OP
@@ -25,14 +26,17 @@ Array = jax.Array
 
 @register(OP, "mosaic")
 def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_kernel: Array,
-                         gate_bias: Array | None, up_bias: Array | None, *, activation: str,
+                         gate_bias: Array | None, up_bias: Array | None,
+                         stats: row_stats.RowStats | None = None, *, activation: str,
                          eps: float, scale_offset: float, interpret: bool) -> Array:
     x = _check(x, (gate_kernel, up_kernel), OP, interpret)
     kernel = (decode_gated.decode_gated_rms_matmul if x.shape[0] <= decode_gated.MAX_ROWS
               else gated_matmul.gated_rms_matmul)
     return kernel(
         x, gate_kernel, up_kernel, activation=activation, eps=eps, scale=scale,
-        scale_offset=scale_offset, gate_bias=gate_bias, up_bias=up_bias, interpret=interpret)
+        scale_offset=scale_offset, gate_bias=gate_bias, up_bias=up_bias,
+        row_scale=None if stats is None else row_stats.rms_inverse(stats, eps),
+        interpret=interpret)
 
 
 # Measured on the H200 (bench/results/2026-12-01-free-stats, gated-bench.json, CUPTI,

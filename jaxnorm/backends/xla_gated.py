@@ -13,6 +13,7 @@ import jax
 
 from jaxnorm.backends import xla
 from jaxnorm.dispatch import register
+from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
 OP = "rms_norm_gated_dense"
@@ -27,8 +28,10 @@ ACTIVATIONS = {
 
 @register(OP, "xla")
 def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_kernel: Array,
-                         gate_bias: Array | None, up_bias: Array | None, *, activation: str,
-                         eps: float, scale_offset: float) -> Array:
+                         gate_bias: Array | None, up_bias: Array | None,
+                         stats: RowStats | None = None, *, activation: str, eps: float,
+                         scale_offset: float) -> Array:
+    """With `stats` (x's rows' RowStats) the row scale comes from them, not from x."""
     gate, up = xla.rms_norm_dense(x, scale, (gate_kernel, up_kernel), (gate_bias, up_bias),
-                                  eps=eps, scale_offset=scale_offset)
+                                  stats, eps=eps, scale_offset=scale_offset)
     return ACTIVATIONS[activation](gate) * up

@@ -106,8 +106,8 @@ def gated_mlp_input(cfg: ModelConfig, mlp_in: nnx.Module, x: Array,
                     stats: RowStats | None) -> Array:
     """act(gate) * up of the MLP's input norm and projections. Under `cfg.fused` with input
     norms, one op (`jaxnorm.rms_norm_gated_dense`: the gate/up dual GEMM with the activation
-    in its epilogue, where dispatch picks it); else the two projections (taking x's
-    statistics where the residual GEMM wrote them), then the activation."""
+    in its epilogue, where dispatch picks it); else the two projections; either takes x's
+    statistics where the residual GEMM wrote them, then the activation."""
     if not (cfg.fused and cfg.pre_norms):
         gate, up = mlp_in(x, statistics=stats) if stats is not None else mlp_in(x)
         return activation(cfg, gate) * up
@@ -117,7 +117,8 @@ def gated_mlp_input(cfg: ModelConfig, mlp_in: nnx.Module, x: Array,
         (x, scale, mlp_in.gate.kernel[...], mlp_in.up.kernel[...], *biases), dtype=cfg.dtype)
     return jaxnorm.rms_norm_gated_dense(x, scale, w_gate, w_up, b_gate, b_up,
                                         activation=cfg.activation, eps=cfg.eps,
-                                        scale_offset=cfg.scale_offset, impl=cfg.impl)
+                                        scale_offset=cfg.scale_offset, impl=cfg.impl,
+                                        statistics=stats)
 
 
 def linear(cfg: ModelConfig, in_features: int, out_features: int, *, use_bias: bool = False,
