@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm.statistics import safe_rsqrt
+from jaxnorm.statistics import rsqrt_plus_eps
 
 Array = jax.Array
 F32 = jnp.float32
@@ -99,12 +99,12 @@ def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple
 def rms_inverse(stats: RowStats, eps: float) -> Array:
     """r = rsqrt(m2 / K + mean^2 + eps) per row, float32."""
     mean = stats.mean.astype(F32)
-    return safe_rsqrt(stats.m2.astype(F32) / stats.length + mean * mean + eps)
+    return rsqrt_plus_eps(stats.m2.astype(F32) / stats.length + mean * mean, eps)
 
 
 def inverse_std(stats: RowStats, eps: float) -> Array:
     """s = rsqrt(m2 / K + eps) per row, float32 (LayerNorm's scale; its shift is the mean)."""
-    return safe_rsqrt(stats.m2.astype(F32) / stats.length + eps)
+    return rsqrt_plus_eps(stats.m2.astype(F32) / stats.length, eps)
 
 
 def check(name: str, stats: object, x_shape: tuple[int, ...], x_name: str = "x") -> RowStats:

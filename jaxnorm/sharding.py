@@ -130,14 +130,14 @@ def row_statistics(kind: str, x32: Array, eps: float, axis_name: tuple | None) -
         if axis_name is None:
             return (statistics.rms_inverse(x32, eps),)
         (mean_sq,) = row_means(axis_name, jnp.square(x32))
-        return (statistics.safe_rsqrt(mean_sq + eps),)
+        return (statistics.rsqrt_plus_eps(mean_sq, eps),)
     shift = _row_shift(x32, axis_name)
     if axis_name is None:
         return (shift, *statistics.shifted_mean_and_inverse_std(x32, eps))
     d = x32 - shift[:, None]
     (mean_d,) = row_means(axis_name, d)
     (var,) = row_means(axis_name, jnp.square(d - mean_d[:, None]))
-    return shift, mean_d, statistics.safe_rsqrt(var + eps)
+    return shift, mean_d, statistics.rsqrt_plus_eps(var, eps)
 
 
 def centred_rows(kind: str, x32: Array, stats: Sequence[Array]) -> Array:

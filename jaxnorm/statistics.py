@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -27,9 +28,19 @@ def safe_rsqrt(v: jax.Array) -> jax.Array:
     return jnp.where(positive, r, jnp.where(jnp.isnan(v), v, 0.0))
 
 
+def rsqrt_plus_eps(v: jax.Array, eps: float) -> jax.Array:
+    """rsqrt(v + eps) for float32 v >= 0 (or NaN): the plain rsqrt, as stock Flax writes it,
+    when eps is a normal float32 (then v + eps > 0 on every finite row, even where denormals
+    flush to zero, and rsqrt already keeps NaN and maps inf to 0), else `safe_rsqrt`, for
+    rows of zeros at eps = 0."""
+    if eps >= np.finfo(np.float32).tiny:
+        return lax.rsqrt(v + eps)
+    return safe_rsqrt(v + eps)
+
+
 def rms_inverse(x32: jax.Array, eps: float) -> jax.Array:
     """r(x) = rsqrt(mean(x^2) + eps) per row; x32 is [..., K] float32, result [...]."""
-    return safe_rsqrt(jnp.mean(jnp.square(x32), axis=-1) + eps)
+    return rsqrt_plus_eps(jnp.mean(jnp.square(x32), axis=-1), eps)
 
 
 def shifted(x32: jax.Array) -> jax.Array:
@@ -46,7 +57,7 @@ def shifted_mean_and_inverse_std(x32: jax.Array, eps: float) -> tuple[jax.Array,
     d = shifted(x32)
     mean_d = jnp.mean(d, axis=-1)
     var = jnp.mean(jnp.square(d - mean_d[..., None]), axis=-1)
-    return mean_d, safe_rsqrt(var + eps)
+    return mean_d, rsqrt_plus_eps(var, eps)
 
 
 def centered_and_inverse_std(x32: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:

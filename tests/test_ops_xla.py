@@ -253,3 +253,22 @@ def test_automatic_dispatch_takes_the_post_norm_kernel_only_where_measured_faste
     for op, vectors in (("dense_rms_norm", 2), ("dense_layer_norm", 3)):
         reason = decline[op](x, w, *(None,) * vectors, res, eps=1e-6, residual_after=True)
         assert "residual-after form" in reason and "not yet measured" in reason
+
+
+def test_positive_eps_takes_stocks_plain_rsqrt():
+    """eps > 0 in float32: rsqrt(v + eps) as stock Flax writes it (no guard in the graph),
+    bitwise the guarded value on finite, NaN and inf rows; an eps below float32's normal
+    range (flushed to zero) keeps the guard (a zero row still normalizes to zeros)."""
+    from jaxnorm import statistics
+
+    rng = np.random.default_rng(11)
+    v = np.concatenate([np.abs(rng.standard_normal(64)), [0.0, np.nan, np.inf]]).astype(np.float32)
+    for eps in (1e-6, 1e-12, 1e-37, 1e-40, 0.0):
+        np.testing.assert_array_equal(np.asarray(statistics.rsqrt_plus_eps(jnp.asarray(v), eps)),
+                                      np.asarray(statistics.safe_rsqrt(jnp.asarray(v) + eps)))
+    jaxpr = str(jax.make_jaxpr(lambda a: jaxnorm.rms_norm(a, eps=1e-6, impl="xla"))(v[None]))
+    assert "select_n" not in jaxpr and "rsqrt" in jaxpr
+    x = _rng_rows(2, 8)
+    x[0] = 0.0
+    for eps in (1e-40, 1e-50):
+        np.testing.assert_array_equal(np.asarray(jaxnorm.rms_norm(x, eps=eps, impl="xla"))[0], 0.0)
