@@ -225,13 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=ROWS, help="M values, e.g. 1,64 (default: 1,8,16,64)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
-    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path, nargs="+",
-                        help="write pallas_kernels/decode_configs.py from GPU runs' JSON "
-                             "(a launch measured twice: the later file's)")
-    parser.add_argument("--run-command", default="python -m bench.decode_gemm",
-                        help="with --write-table: the commands that produced the JSON")
-    parser.add_argument("--run-commit", default="unknown",
-                        help="with --write-table: the commits the runs measured")
+    decode_table_writer.add_table_arguments(parser, "pallas_kernels/decode_configs.py",
+                                            "python -m bench.decode_gemm")
     args = parser.parse_args(argv)
     if args.write_table:
         print(decode_table_writer.write_table(args.write_table, TABLE_PATH,

@@ -208,13 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel configs per shape at most, the model's pick first")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
-    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path, nargs="+",
-                        help="write jaxnorm/backends/decode_gated_measured.py from these GPU "
-                             "runs' decode-groups.json (later runs win) and exit")
-    parser.add_argument("--run-command", default="python -m bench.decode_groups",
-                        help="with --write-table: the commands that produced the JSON")
-    parser.add_argument("--run-commit", default="unknown",
-                        help="with --write-table: the commits the runs measured")
+    decode_table_writer.add_table_arguments(
+        parser, "jaxnorm/backends/decode_gated_measured.py", "python -m bench.decode_groups")
     args = parser.parse_args(argv)
     if args.write_table:
         print(decode_table_writer.write_gated_table(args.write_table, TABLE_PATH,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,17 +26,33 @@ def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int]
     return entries
 
 
+def _header(docstring: str | None, docs: Sequence[dict[str, Any]], command: str,
+            commit: str) -> list[str]:
+    """The table module's docstring and PROVENANCE from the runs (the last one's date and GPU;
+    runs written before the JSON recorded its SM count ran on the H200)."""
+    env = docs[-1]["environment"]
+    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
+                      sms=docs[-1].get("sms", hardware.H200_SMS), commit=commit)
+    return module_header(docstring, "The runs: commands, UTC date of the last, GPU, its SM "
+                         "count, commits.", provenance)
+
+
+def add_table_arguments(parser: argparse.ArgumentParser, table: str, command: str) -> None:
+    """--write-table, --run-command, --run-commit: a bench's measured-table mode."""
+    parser.add_argument("--write-table", metavar="RESULTS_JSON", type=Path, nargs="+",
+                        help=f"write {table} from GPU runs' JSON (a shape measured twice: "
+                             "the later file's) and exit")
+    parser.add_argument("--run-command", default=command,
+                        help="with --write-table: the commands that produced the JSON")
+    parser.add_argument("--run-commit", default="unknown",
+                        help="with --write-table: the commits the runs measured")
+
+
 def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
     """The module's text: provenance, then each measured launch's fastest correct config
     with its ratio to one cuBLAS dot per weight in the same interleaved rounds."""
     entries = _entries(docs)
-    env = docs[-1]["environment"]
-    # Runs written before decode-gemm.json recorded its SM count ran on the H200.
-    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=docs[-1].get("sms", hardware.H200_SMS), commit=commit)
-    lines = module_header(decode_configs.__doc__,
-                          "The runs: commands, UTC date of the last, GPU, its SM count, commits.",
-                          provenance)
+    lines = _header(decode_configs.__doc__, docs, command, commit)
     lines += ["# ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.",
               "ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], "
               "...] = ("]
@@ -69,12 +86,7 @@ def gated_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str
             folded = kernels[0].get("vs_stock") if kernels else None
             unfolded = by_label.get(decode_groups.UNFOLDED, {}).get("vs_stock")
             entries[tuple(row["shape"])] = row["activation"], folded, unfolded
-    env = docs[-1]["environment"]
-    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=docs[-1].get("sms", hardware.H200_SMS), commit=commit)
-    lines = module_header(decode_gated_measured.__doc__,
-                          "The runs: commands, UTC date of the last, GPU, its SM count, commits.",
-                          provenance)
+    lines = _header(decode_gated_measured.__doc__, docs, command, commit)
     lines += ["# ((M, K, d_ff), activation, kernel / stock with the gain folded, unfolded).",
               "ENTRIES: tuple[tuple[tuple[int, int, int], str, float | None, float | None], "
               "...] = ("]

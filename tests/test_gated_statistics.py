@@ -5,16 +5,14 @@ above), the gradient through the statistics, bad statistics, and the automatic f
 
 from __future__ import annotations
 
-import collections
-
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxnorm
 from jaxnorm import row_stats
+from graph_checks import primitive_counts
 from kernel_checks import assert_race_free
 from verify import gated as vg
 
@@ -94,32 +92,14 @@ def test_statistics_that_do_not_match_x_are_refused(rng):
         _call(inputs, (stats.mean, stats.m2), "xla")
 
 
-def _primitives(fn, *args, dce: bool = False) -> collections.Counter:
-    """How often each primitive occurs in fn's jaxpr (after dead-code elimination)."""
-    from jax._src.interpreters import partial_eval as pe
-
-    closed = jax.make_jaxpr(fn)(*args)
-    jaxpr = closed.jaxpr
-    if dce:
-        jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
-
-    def count(j) -> collections.Counter:
-        total = collections.Counter(e.primitive.name for e in j.eqns)
-        for e in j.eqns:
-            for sub in jax.extend.core.jaxprs_in_params(e.params):
-                total += count(sub)
-        return total
-    return count(jaxpr)
-
-
 def test_automatic_fallback_reduces_x_as_stock_does(rng):
     """Under impl=None falling back to xla (CPU here) the statistics go unused: the graph is
     the one without them, while impl='xla' applies them."""
     inputs = _inputs(rng, 8, 64, 128)
     stats = row_stats.of_rows(inputs["x"])
-    given = _primitives(lambda s: _call(inputs, s, None), stats)
-    assert given == _primitives(lambda s: _call(inputs, None, None), stats)
-    assert _primitives(lambda s: _call(inputs, s, "xla"), stats) != given
+    given = primitive_counts(lambda s: _call(inputs, s, None), stats)
+    assert given == primitive_counts(lambda s: _call(inputs, None, None), stats)
+    assert primitive_counts(lambda s: _call(inputs, s, "xla"), stats) != given
 
 
 def test_automatic_kernel_is_differentiated_as_stock(rng, monkeypatch):
@@ -152,8 +132,8 @@ def test_automatic_kernel_is_differentiated_as_stock(rng, monkeypatch):
     grad = jax.grad(loss, argnums=tuple(range(5)))
     assert "mosaic_gpu" not in str(jax.make_jaxpr(grad)(*operands))
     # After dead-code elimination the statistics and their producer are gone entirely.
-    assert _primitives(grad, *operands, dce=True) == _primitives(
-        jax.grad(loss_without, argnums=tuple(range(5))), *operands, dce=True)
+    assert primitive_counts(grad, *operands) == primitive_counts(
+        jax.grad(loss_without, argnums=tuple(range(5))), *operands)
     grads = grad(*operands)
     assert vg.check_gated_grads(dict(zip(names, grads)), dy, **inputs) <= 1.0
 

@@ -6,16 +6,15 @@ kernel under the interpreter in test_residual_kernel.py).
 
 from __future__ import annotations
 
-import collections
 import zlib
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxnorm
+from graph_checks import primitive_counts
 from verify import residual as vr
 from verify.references import f64
 
@@ -220,22 +219,6 @@ def test_statistics_that_do_not_match_x_are_refused(op):
 # ------------------------------------------------------------------ falling back
 
 
-def _primitives(fn, *args) -> collections.Counter:
-    """How often each primitive occurs in fn's jaxpr after dead-code elimination."""
-    from jax._src.interpreters import partial_eval as pe
-
-    closed = jax.make_jaxpr(fn)(*args)
-    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-
-    def count(j) -> collections.Counter:
-        total = collections.Counter(e.primitive.name for e in j.eqns)
-        for e in j.eqns:
-            for sub in jax.extend.core.jaxprs_in_params(e.params):
-                total += count(sub)
-        return total
-    return count(jaxpr)
-
-
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_automatic_fallback_runs_stocks_graph(request, kind):
     """Under impl=None falling back to xla (CPU here), residual_dense -> norm(statistics=)
@@ -254,8 +237,8 @@ def test_automatic_fallback_runs_stocks_graph(request, kind):
         return consume(kind, r + x @ w, None, consumer, None).astype(jnp.float32).sum()
 
     for fn, reference in ((fused, stock), (jax.grad(fused, (0, 1, 2)), jax.grad(stock, (0, 1, 2)))):
-        auto = _primitives(lambda *a, fn=fn: fn(*a, None), *args)
-        assert auto == _primitives(reference, *args)
-        assert _primitives(lambda *a, fn=fn: fn(*a, "xla"), *args) != auto
+        auto = primitive_counts(lambda *a, fn=fn: fn(*a, None), *args)
+        assert auto == primitive_counts(reference, *args)
+        assert primitive_counts(lambda *a, fn=fn: fn(*a, "xla"), *args) != auto
     np.testing.assert_allclose(np.float32(fused(*args, None)), np.float32(fused(*args, "xla")),
                                rtol=2e-2)
