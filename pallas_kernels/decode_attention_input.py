@@ -47,12 +47,12 @@ HALVES = (64, 128)
 
 
 class SplitWeights(NamedTuple):
-    """W_q, W_k, W_v, each as (W_lo, W_hi) [K, heads * hd/2] (`split_weights`)."""
+    """W_q, W_k, W_v, each as (W_lo, W_hi) [K, heads * hd/2] (`split_weights`): a pytree of
+    arrays only, so it passes through jit like the weights it replaces."""
 
     q: tuple[Array, Array]
     k: tuple[Array, Array]
     v: tuple[Array, Array]
-    head_dim: int
 
 
 def split_heads(w: Array, head_dim: int) -> tuple[Array, Array]:
@@ -77,7 +77,7 @@ def split_weights(w_q: Array, w_k: Array, w_v: Array, head_dim: int) -> SplitWei
         if w.ndim != 2 or w.shape[1] % head_dim:
             raise Unsupported(f"{name} {w.shape} must be [K, heads * head_dim={head_dim}]")
     return SplitWeights(split_heads(w_q, head_dim), split_heads(w_k, head_dim),
-                        split_heads(w_v, head_dim), head_dim)
+                        split_heads(w_v, head_dim))
 
 
 def rope_tables(positions: Array, inv_freq: np.ndarray | Array) -> tuple[Array, Array]:
@@ -116,25 +116,24 @@ def _config(m: int, k: int, heads: int, head_dim: int, sms: int, itemsize: int) 
     return best
 
 
-def _check(x: Array, weights: SplitWeights, config: DecodeConfig, q_gain: Array,
+def _check(x: Array, weights: SplitWeights, hd: int, config: DecodeConfig, q_gain: Array,
            k_gain: Array, cos: Array, sin: Array) -> None:
     """Unsupported (or ValueError for mismatched arguments) naming what is not served."""
-    hd = weights.head_dim
     if hd // 2 not in HALVES or hd % 2:
         raise Unsupported(f"head_dim={hd} must be 128 or 256: each RoPE half is whole 64-column "
                           "output pieces, and two halves of more than 128 float32 columns "
                           "exceed the MMA warpgroup's registers")
-    halves = [w for pair in weights[:3] for w in pair]
+    halves = [w for pair in weights for w in pair]
     check_shapes(x, halves, config, streams=2, extra=constants_bytes(hd))
     if config.tile_n != hd // 2 or config.split_k != 1:
         raise Unsupported(f"tile_n={config.tile_n}, split_k={config.split_k}: must be head_dim/2"
                           f" = {hd // 2} and 1 (a unit holds whole heads; the norm is not linear"
                           " in partial sums over K)")
     m = x.shape[0]
-    for name, pair in zip(("q", "k", "v"), weights[:3]):
-        if pair[0].shape != pair[1].shape:
+    for name, pair in zip(("q", "k", "v"), weights):
+        if pair[0].shape != pair[1].shape or pair[0].shape[1] % (hd // 2):
             raise ValueError(f"weights.{name}: W_lo {pair[0].shape} and W_hi {pair[1].shape} "
-                             "differ")
+                             f"must be one shape of whole heads of head_dim/2 = {hd // 2}")
     for name, gain in (("q_gain", q_gain), ("k_gain", k_gain)):
         if gain.shape != (hd,):
             raise ValueError(f"{name} must be [head_dim={hd}]; got {gain.shape}")
@@ -147,6 +146,7 @@ def decode_attention_input(
     x: Array,
     weights: SplitWeights,
     *,
+    head_dim: int,
     q_gain: Array,
     k_gain: Array,
     cos: Array,
@@ -163,9 +163,9 @@ def decode_attention_input(
     """(q, k, v) = (RoPE(QKNorm(h_q)), RoPE(QKNorm(h_k)), h_v), h = RMSNorm(x; scale) @ W, in
     x.dtype and the standard head layout ([M, heads * head_dim]).
 
-    x: [M, K] bf16/f16 with M <= 64; weights: `split_weights` of [K, heads * hd] weights
-    (the folded W* when scale is None); QKNorm(h) = h rsqrt(mean_head(h^2) + qk_eps)
-    (qk_offset + gain) per head; cos, sin: `rope_tables` of each row's position;
+    x: [M, K] bf16/f16 with M <= 64; weights: `split_weights(..., head_dim)` of [K, heads *
+    head_dim] weights (the folded W* when scale is None); per head QKNorm(h) =
+    h rsqrt(mean_head(h^2) + qk_eps) (qk_offset + gain); cos, sin: `rope_tables` of each row's position;
     row_scale ([M] float32) replaces the input norm's statistic, else taken in the kernel
     (scale None) or in the pass that scales x by the gain. No biases (Qwen3, Gemma 3).
     """
@@ -173,12 +173,12 @@ def decode_attention_input(
         raise Unsupported(f"x must be [M, K]; got {x.shape}")
     if not isinstance(weights, SplitWeights):
         raise ValueError("weights must be split_weights(w_q, w_k, w_v, head_dim)")
-    (m, k), hd = x.shape, weights.head_dim
-    heads = [pair[0].shape[1] * 2 // hd for pair in weights[:3]]
+    (m, k), hd = x.shape, head_dim
+    heads = [pair[0].shape[1] * 2 // hd for pair in weights]
     if config is None:
         config = attention_input_config(m, k, sum(heads), hd, sms=hardware.num_sms(),
                                         itemsize=jnp.dtype(x.dtype).itemsize)
-    _check(x, weights, config, q_gain, k_gain, cos, sin)
+    _check(x, weights, hd, config, q_gain, k_gain, cos, sin)
     if row_scale is not None and row_scale.shape != (m,):
         raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
     if scale is not None:
@@ -194,7 +194,7 @@ def decode_attention_input(
         constants=((m, hd // 2), (m, hd // 2), (hd,), (hd,)),
         epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps)))
     out_types = [jax.ShapeDtypeStruct((m, h * hd), x.dtype) for h in heads]
-    halves = [w for pair in weights[:3] for w in pair]
+    halves = [w for pair in weights for w in pair]
     q, k_, v = decode_kernel.build(x, halves, out_types, config=config, plan=plan,
                                    interpret=interpret)(
         x, *halves, *rows, cos.astype(jnp.float32), sin.astype(jnp.float32), *gains)

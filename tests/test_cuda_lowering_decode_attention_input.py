@@ -26,9 +26,9 @@ def _lower(m: int, d: int, n_q: int, n_kv: int, hd: int, qk_offset: float, *, ga
            config: dc.DecodeConfig | None = None) -> None:
     def fn(x, w_q, w_k, w_v, g, q_gain, k_gain, cos, sin):
         weights = dai.split_weights(w_q, w_k, w_v, hd)
-        return dai.decode_attention_input(x, weights, q_gain=q_gain, k_gain=k_gain, cos=cos,
-                                          sin=sin, qk_offset=qk_offset, scale=g,
-                                          scale_offset=qk_offset, config=config)
+        return dai.decode_attention_input(x, weights, head_dim=hd, q_gain=q_gain,
+                                          k_gain=k_gain, cos=cos, sin=sin, qk_offset=qk_offset,
+                                          scale=g, scale_offset=qk_offset, config=config)
 
     args = (S((m, d), BF16), S((d, n_q * hd), BF16), S((d, n_kv * hd), BF16),
             S((d, n_kv * hd), BF16), S((d,), F32) if gain else None, S((hd,), F32),

@@ -46,7 +46,7 @@ def _inputs(rng, m, k, n_q, n_kv, hd, *, gain, qk_offset, dtype=BF16) -> dict:
 def _run(inputs: dict, hd: int, *, config, scale_offset=0.0, qk_offset=0.0, **kw):
     weights = dai.split_weights(inputs["w_q"], inputs["w_k"], inputs["w_v"], hd)
     return dai.decode_attention_input(
-        inputs["x"], weights, q_gain=inputs["q_gain"], k_gain=inputs["k_gain"],
+        inputs["x"], weights, head_dim=hd, q_gain=inputs["q_gain"], k_gain=inputs["k_gain"],
         cos=inputs["cos"], sin=inputs["sin"], qk_eps=1e-6, qk_offset=qk_offset, eps=1e-6,
         scale=inputs["scale"], scale_offset=scale_offset, config=config, interpret=True, **kw)
 
@@ -109,7 +109,7 @@ def test_selection_is_valid_at_the_presets(m, k, heads, hd):
 
 def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
     w = lambda n: jnp.zeros((k, n * hd), BF16)  # noqa: E731
-    return dict(x=jnp.zeros((m, k), BF16),
+    return dict(x=jnp.zeros((m, k), BF16), head_dim=hd,
                 weights=dai.split_weights(w(n_q), w(n_kv), w(n_kv), hd),
                 q_gain=jnp.ones((hd,)), k_gain=jnp.ones((hd,)),
                 cos=jnp.ones((m, hd // 2)), sin=jnp.zeros((m, hd // 2)))
@@ -128,6 +128,9 @@ def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
     (dict(cos=jnp.ones((4, 128))), ValueError, r"cos must be \[M=4, head_dim/2=64\]"),
     (dict(sin=jnp.ones((3, 64))), ValueError, "sin must be"),
     (dict(weights=(1, 2, 3)), ValueError, "weights must be split_weights"),
+    (dict(head_dim=256, q_gain=jnp.ones((256,)), k_gain=jnp.ones((256,)),
+          cos=jnp.ones((4, 128)), sin=jnp.ones((4, 128))), ValueError,
+     "weights.k: .* whole heads of head_dim/2 = 128"),
     (dict(row_scale=jnp.ones((5,))), ValueError, r"row_scale must be \[M=4\]"),
 ])
 def test_bad_input_says_which_argument(change, error, reason):
