@@ -21,7 +21,7 @@ row), four variants, each returning (q, k, v) in the standard head layout:
 Each variant's outputs are checked once before timing (a wrong one is reported, never timed):
 the kernels' and stock's by verify's float64 judge (`verify.rope.check_attention_input`), the
 floor's against float64 within 2^-6 of |ref| + rms(ref). Then all are measured interleaved
-(ROUNDS rounds, the better median kept) with bench/timing.py: CUPTI kernel time summed over
+(`decode_groups.time_interleaved`: two rounds, the better median kept) with bench/timing.py: CUPTI kernel time summed over
 every kernel of the call, inputs rotated through copies larger than L2. The JSON is
 rewritten after every shape; decode-attention.md holds the table.
 """
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import decode_gemm, report, timing
+from bench import decode_groups, report, timing
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -48,7 +48,6 @@ EPS = 1e-6
 ROPE_THETA = 1e6
 ROWS = (1, 8, 64)
 FLOOR_TOLERANCE = 2**-6
-ROUNDS = 2
 KERNEL, UNFOLDED, STOCK, FLOOR = ("attention input kernel", "kernel, gain unfolded", "stock",
                                   "three dots")
 
@@ -198,21 +197,10 @@ def measure_shape(m: int, p: Preset, *, repeats: int, interpret: bool,
         except Exception as err:  # a wrong or failing variant is reported, not timed
             entry.update(correct=False, failure=f"{type(err).__name__}: {str(err)[:300]}")
         entries.append(entry)
-    timed = {e["label"]: fns[e["label"]] for e in entries if e["correct"]}
-    samples: dict[str, list[timing.Timing]] = {label: [] for label in timed}
-    for _ in range(ROUNDS):
-        for label, fn in timed.items():
-            samples[label].append(timing.measure(fn, arg_sets, repeats=repeats, warmup=1))
-    weight_bytes = sum(w.nbytes for w in (first.w_q, first.w_k, first.w_v))
-    by_label = {e["label"]: e for e in entries}
-    for entry in entries:
-        if entry["label"] in samples:
-            entry.update(decode_gemm._best(samples[entry["label"]]))
-            entry["tb_s"] = weight_bytes / (entry["us"] * 1e-6) / 1e12
-    for entry in entries:
-        for name, key in ((STOCK, "vs_stock"), (FLOOR, "vs_floor")):
-            if "us" in entry and "us" in by_label[name]:
-                entry[key] = entry["us"] / by_label[name]["us"]
+    decode_groups.time_interleaved(
+        entries, fns, arg_sets, repeats=repeats,
+        weight_bytes=sum(w.nbytes for w in (first.w_q, first.w_k, first.w_v)),
+        baselines=((STOCK, "vs_stock"), (FLOOR, "vs_floor")))
     return entries
 
 

@@ -35,7 +35,6 @@ from pallas_kernels import decode_kernel, hardware
 from pallas_kernels.decode_config import (EPI_N, MAX_ROWS, DecodeConfig, check_shapes, deepest,
                                           modelled_seconds)
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.row_stats import safe_rsqrt
 
 __all__ = ["SplitWeights", "attention_input_config", "decode_attention_input", "join_heads",
@@ -179,18 +178,13 @@ def decode_attention_input(
         config = attention_input_config(m, k, sum(heads), hd, sms=hardware.num_sms(),
                                         itemsize=jnp.dtype(x.dtype).itemsize)
     _check(x, weights, hd, config, q_gain, k_gain, cos, sin)
-    if row_scale is not None and row_scale.shape != (m,):
-        raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
-    if scale is not None:
-        if row_scale is None:
-            row_scale = rms_row_scale(x, eps)
-        x = (x.astype(jnp.float32) * (scale.astype(jnp.float32) + scale_offset)).astype(x.dtype)
-    rows = [] if row_scale is None else [row_scale.astype(jnp.float32)]
+    x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
+                                         row_scale=row_scale, eps=eps)
     gains = [(g.astype(jnp.float32) + qk_offset) for g in (q_gain, k_gain)]
     plan = decode_kernel.Plan(
         n_tiles=tuple(pl.cdiv(h, config.warpgroups) for h in heads),
         x_box=decode_kernel.x_box_rows(m), has_bias=False,
-        row_scale="in_kernel" if row_scale is None else "given", streams=2, eps=eps,
+        row_scale="given" if rows else "in_kernel", streams=2, eps=eps,
         constants=((m, hd // 2), (m, hd // 2), (hd,), (hd,)),
         epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps)))
     out_types = [jax.ShapeDtypeStruct((m, h * hd), x.dtype) for h in heads]

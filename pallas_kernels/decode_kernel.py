@@ -45,6 +45,7 @@ from jax import lax
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
                                           units)
 from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
+from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import round_up
 from pallas_kernels.row_stats import safe_rsqrt
 
@@ -69,6 +70,22 @@ class Unit(NamedTuple):
     out_smem: Any
     out_gmem: Any
     x_box: int
+
+
+def scaled_input(x: Array, *, scale: Array | None, scale_offset: float,
+                 row_scale: Array | None, eps: float) -> tuple[Array, list[Array]]:
+    """(x, the row-scale input: [] to take the statistic in the kernel, else [r] float32) of a
+    split_k = 1 decode kernel with an input RMSNorm. A gain that is not folded scales x in
+    one XLA pass (M*K, the smaller operand), which also takes r of the unscaled x unless
+    `row_scale` ([M]) gives it."""
+    m = x.shape[0]
+    if row_scale is not None and row_scale.shape != (m,):
+        raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
+    if scale is not None:
+        if row_scale is None:
+            row_scale = rms_row_scale(x, eps)
+        x = (x.astype(jnp.float32) * (scale.astype(jnp.float32) + scale_offset)).astype(x.dtype)
+    return x, [] if row_scale is None else [row_scale.astype(jnp.float32)]
 
 
 def x_box_rows(m: int) -> int:
