@@ -21,9 +21,9 @@ row), four variants, each returning (q, k, v) in the standard head layout:
 Each variant's outputs are checked once before timing (a wrong one is reported, never timed):
 the kernels' and stock's by verify's float64 judge (`verify.rope.check_attention_input`), the
 floor's against float64 within 2^-6 of |ref| + rms(ref). Then all are measured interleaved
-(`decode_groups.time_interleaved`: two rounds, the better median kept) with bench/timing.py: CUPTI kernel time summed over
-every kernel of the call, inputs rotated through copies larger than L2. The JSON is
-rewritten after every shape; decode-attention.md holds the table.
+(`decode_groups.time_interleaved`: two rounds, the better median kept) with bench/timing.py:
+CUPTI kernel time summed over every kernel of the call, inputs rotated through copies larger
+than L2. The JSON is rewritten after every shape; decode-attention.md holds the table.
 """
 
 from __future__ import annotations

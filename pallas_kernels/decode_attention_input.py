@@ -37,8 +37,8 @@ from pallas_kernels.decode_config import (EPI_N, MAX_ROWS, DecodeConfig, check_s
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.row_stats import safe_rsqrt
 
-__all__ = ["SplitWeights", "attention_input_config", "decode_attention_input", "join_heads",
-           "rope_tables", "split_heads", "split_weights"]
+__all__ = ["SplitWeights", "attention_input_config", "constants_bytes", "decode_attention_input",
+           "join_heads", "rope_tables", "split_heads", "split_weights"]
 
 Array = jax.Array
 # Two [64, hd/2] float32 accumulators: hd/2 <= 128 columns fit the MMA warpgroup's registers.
@@ -164,9 +164,10 @@ def decode_attention_input(
 
     x: [M, K] bf16/f16 with M <= 64; weights: `split_weights(..., head_dim)` of [K, heads *
     head_dim] weights (the folded W* when scale is None); per head QKNorm(h) =
-    h rsqrt(mean_head(h^2) + qk_eps) (qk_offset + gain); cos, sin: `rope_tables` of each row's position;
-    row_scale ([M] float32) replaces the input norm's statistic, else taken in the kernel
-    (scale None) or in the pass that scales x by the gain. No biases (Qwen3, Gemma 3).
+    h rsqrt(mean_head(h^2) + qk_eps) (qk_offset + gain); cos, sin: `rope_tables` of each
+    row's position; row_scale ([M] float32) replaces the input norm's statistic, else it is
+    taken in the kernel (scale None) or in the pass that scales x by the gain. No biases
+    (Qwen3 and Gemma 3 have none); head_dim 128 or 256 (`_check` says why).
     """
     if x.ndim != 2:
         raise Unsupported(f"x must be [M, K]; got {x.shape}")
