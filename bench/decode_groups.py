@@ -157,12 +157,22 @@ def measure_shape(m: int, k: int, n: int, activation: str, configs: list[dc.Deco
     entries = [check(label, fn, first, activation) for label, fn in fns.items()]
     for entry, config in zip(entries, configs):
         entry["config"] = dataclasses.asdict(config)
+    time_interleaved(entries, fns, arg_sets, repeats=repeats, weight_bytes=2 * k * n * 2,
+                     baselines=((STOCK, "vs_stock"), (FLOOR, "vs_floor")))
+    return entries
+
+
+def time_interleaved(entries: list[dict[str, Any]], fns: dict[str, Callable[..., Any]],
+                     arg_sets: list[tuple[Any, ...]], *, repeats: int, weight_bytes: int,
+                     baselines: tuple[tuple[str, str], ...]) -> None:
+    """Time the correct entries interleaved (ROUNDS rounds, each variant once per round,
+    the better kept), then add their weight TB/s and, per (label, key) of `baselines`, the
+    ratio to that baseline measured in the same rounds."""
     timed = {e["label"]: fns[e["label"]] for e in entries if e["correct"]}
     samples: dict[str, list[timing.Timing]] = {label: [] for label in timed}
     for _ in range(ROUNDS):
         for label, fn in timed.items():
             samples[label].append(timing.measure(fn, arg_sets, repeats=repeats, warmup=1))
-    weight_bytes = 2 * k * n * 2
     for entry in entries:
         if entry["label"] in samples:
             # The better round, as bench/decode_gemm.py keeps it.
@@ -170,11 +180,9 @@ def measure_shape(m: int, k: int, n: int, activation: str, configs: list[dc.Deco
             entry["tb_s"] = weight_bytes / (entry["us"] * 1e-6) / 1e12
     by_label = {e["label"]: e for e in entries}
     for entry in entries:
-        for name, key in ((STOCK, "vs_stock"), (FLOOR, "vs_floor")):
+        for name, key in baselines:
             if "us" in entry and "us" in by_label[name]:
-                # Against the baseline measured in the same interleaved rounds.
                 entry[key] = entry["us"] / by_label[name]["us"]
-    return entries
 
 
 def table(rows: list[dict[str, Any]]) -> report.TextTable:

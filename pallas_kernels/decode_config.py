@@ -64,14 +64,15 @@ def epi_tile_n(split_k: int, itemsize: int) -> int:
     return EPI_N[4] if split_k > 1 else EPI_N[itemsize]
 
 
-def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1) -> int:
+def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:
     """Pipeline slots (x and `streams` weight tiles), output staging (two pieces per
-    warpgroup), the row scale, the double-buffered bias tiles, barriers."""
+    warpgroup), the row scale, the double-buffered bias tiles, barriers, and `extra` bytes
+    of an epilogue's own (`decode_kernel.Plan.constants`)."""
     stage = (MAX_ROWS + streams * config.cta_tile_n) * config.tile_k * itemsize
     out_itemsize = 4 if config.split_k > 1 else itemsize
     out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config.split_k, itemsize) * out_itemsize
     vectors = 4 * (MAX_ROWS + 2 * streams * config.cta_tile_n)
-    return stage * config.stages + out + vectors + 512
+    return stage * config.stages + out + vectors + 512 + extra
 
 
 def check_shapes(
@@ -79,6 +80,7 @@ def check_shapes(
     weights: Sequence[jax.ShapeDtypeStruct | jax.Array],
     config: DecodeConfig,
     streams: int = 1,
+    extra: int = 0,
 ) -> None:
     """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve).
 
@@ -102,7 +104,7 @@ def check_shapes(
         )
     if config.stages < 2:
         raise Unsupported(f"stages={config.stages} must be >= 2")
-    if smem_bytes(config, x.dtype.itemsize, streams) > hardware.SMEM_BYTES_PER_CTA:
+    if smem_bytes(config, x.dtype.itemsize, streams, extra) > hardware.SMEM_BYTES_PER_CTA:
         raise Unsupported(f"{config} needs more shared memory than a CTA has")
 
 
@@ -149,11 +151,11 @@ def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *,
 
 
 def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12,
-            streams: int = 1) -> DecodeConfig:
+            streams: int = 1, extra: int = 0) -> DecodeConfig:
     """`config` with the most pipeline stages (<= max_stages) that fit in shared memory."""
     for stages in range(max_stages, 1, -1):
         fitted = dataclasses.replace(config, stages=stages)
-        if smem_bytes(fitted, itemsize, streams) <= hardware.SMEM_BYTES_PER_CTA:
+        if smem_bytes(fitted, itemsize, streams, extra) <= hardware.SMEM_BYTES_PER_CTA:
             return fitted
     raise Unsupported(f"{config}: not even two stages fit in shared memory")
 

@@ -32,7 +32,6 @@ from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes,
                                           gated_decode_config)
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gated_matmul import ACTIVATIONS
-from pallas_kernels.lazy_norm_matmul import rms_row_scale
 
 __all__ = ["MAX_ROWS", "check_decode_gated_shapes", "decode_gated_rms_matmul",
            "gated_decode_config"]
@@ -89,19 +88,14 @@ def decode_gated_rms_matmul(
         config = gated_decode_config(m, k, n, sms=hardware.num_sms(),
                                      itemsize=jnp.dtype(x.dtype).itemsize)
     check_decode_gated_shapes(x, w_gate, w_up, config)
-    if row_scale is not None and row_scale.shape != (m,):
-        raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
-    if scale is not None:
-        if row_scale is None:
-            row_scale = rms_row_scale(x, eps)
-        x = (x.astype(jnp.float32) * (scale.astype(jnp.float32) + scale_offset)).astype(x.dtype)
+    x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
+                                         row_scale=row_scale, eps=eps)
     has_bias = gate_bias is not None or up_bias is not None
     biases = [jnp.zeros((n,), jnp.float32) if b is None else b.astype(jnp.float32)
               for b in (gate_bias, up_bias)] if has_bias else []
-    rows = [] if row_scale is None else [row_scale.astype(jnp.float32)]
     plan = decode_kernel.Plan(
         n_tiles=(pl.cdiv(n, config.cta_tile_n),), x_box=decode_kernel.x_box_rows(m),
-        has_bias=has_bias, row_scale="in_kernel" if row_scale is None else "given",
+        has_bias=has_bias, row_scale="given" if rows else "in_kernel",
         streams=2, combine=_gated(activation), eps=eps)
     (y,) = decode_kernel.build(x, (w_gate, w_up), [jax.ShapeDtypeStruct((m, n), x.dtype)],
                                config=config, plan=plan, interpret=interpret)(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.experimental.pallas as pl
@@ -45,12 +45,47 @@ from jax import lax
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
                                           units)
 from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
+from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import round_up
 from pallas_kernels.row_stats import safe_rsqrt
 
 Array = jax.Array
 # y of one output piece from its streams' r * acc + b (float32): None keeps the one stream.
 Combine = Callable[[list[Array]], Array] | None
+
+
+class Unit(NamedTuple):
+    """One work unit as a custom epilogue (`Plan.epilogue`) sees it, for the output that owns
+    its N tile: the streams' float32 accumulators, which output (static) and its N tile, the
+    MMA warpgroup, the row scale ([64], WGMMA.reduce(1); None without one), the SMEM copies
+    of `Plan.constants`, this warpgroup's [2, 64, epi_n] staging buffer, the output's GMEM
+    ref and the store box's rows. It stages and stores its own pieces."""
+
+    accs: list[Array]
+    output: int
+    local_n: Array
+    wg: Array
+    scale: Array | None
+    constants: list[Any]
+    out_smem: Any
+    out_gmem: Any
+    x_box: int
+
+
+def scaled_input(x: Array, *, scale: Array | None, scale_offset: float,
+                 row_scale: Array | None, eps: float) -> tuple[Array, list[Array]]:
+    """(x, the row-scale input: [] to take the statistic in the kernel, else [r] float32) of a
+    split_k = 1 decode kernel with an input RMSNorm. A gain that is not folded scales x in
+    one XLA pass (M*K, the smaller operand), which also takes r of the unscaled x unless
+    `row_scale` ([M]) gives it."""
+    m = x.shape[0]
+    if row_scale is not None and row_scale.shape != (m,):
+        raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
+    if scale is not None:
+        if row_scale is None:
+            row_scale = rms_row_scale(x, eps)
+        x = (x.astype(jnp.float32) * (scale.astype(jnp.float32) + scale_offset)).astype(x.dtype)
+    return x, [] if row_scale is None else [row_scale.astype(jnp.float32)]
 
 
 def x_box_rows(m: int) -> int:
@@ -64,7 +99,10 @@ def x_box_rows(m: int) -> int:
 class Plan:
     """What one launch computes besides its tiles. `row_scale`: "given" (an [M] float32
     input), "in_kernel" (from the x tiles, with `eps`; split_k = 1) or None (split-K
-    partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue."""
+    partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue.
+    `constants`: shapes of float32 inputs staged into SMEM once per CTA (an [M, C] one as
+    x's box of rows), read only by `epilogue`, which replaces the built-in epilogue (split_k
+    = 1): called once per unit with its `Unit`."""
 
     n_tiles: tuple[int, ...]
     x_box: int
@@ -73,6 +111,8 @@ class Plan:
     streams: int = 1
     combine: Combine = None
     eps: float = 0.0
+    constants: tuple[tuple[int, ...], ...] = ()
+    epilogue: Callable[[Unit], None] | None = None
 
 
 def _kernel(*refs, config: DecodeConfig, plan: Plan):
@@ -82,6 +122,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     x_gmem = refs.pop(0)
     w_gmems = [refs.pop(0) for _ in range(num_outputs * streams)]
     row_gmem = refs.pop(0) if plan.row_scale == "given" else None
+    const_gmems = [refs.pop(0) for _ in plan.constants]
     bias_gmems = [refs.pop(0) for _ in range(num_outputs * streams)] if plan.has_bias else None
     out_gmems = [refs.pop(0) for _ in range(num_outputs)]
     assert not refs, refs
@@ -120,6 +161,10 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     if row_gmem is not None:
         scratch["row_smem"] = plgpu.SMEM((MAX_ROWS,), jnp.float32)
         scratch["row_ready"] = plgpu.Barrier(num_arrivals=1)
+    if plan.constants:
+        scratch.update({f"const{j}_smem": _constant_smem(shape)
+                        for j, shape in enumerate(plan.constants)})
+        scratch["const_ready"] = plgpu.Barrier(num_arrivals=len(plan.constants))
     if plan.has_bias:
         scratch["bias_smem"] = plgpu.SMEM((2, cta_n), jnp.float32)
         scratch.update({f"bias{j}_smem": plgpu.SMEM((2, cta_n), jnp.float32)
@@ -128,10 +173,11 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma, num_barriers=2)
 
     def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
-             vec_ready=None, vec_free=None, **streamed):
+             vec_ready=None, vec_free=None, const_ready=None, **streamed):
         b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
         bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
                       if plan.has_bias else None)
+        const_smems = [streamed[f"const{j}_smem"] for j in range(len(plan.constants))]
         wg_idx = lax.axis_index("wg")
 
         def memory_warpgroup():
@@ -139,6 +185,9 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
             if row_gmem is not None:
                 plgpu.copy_gmem_to_smem(row_gmem.at[pl.ds(0, x_box)], row_smem.at[pl.ds(0, x_box)],
                                         row_ready)
+            for gmem, smem in zip(const_gmems, const_smems):
+                rows = pl.ds(0, x_box) if gmem.ndim == 2 else slice(None)
+                plgpu.copy_gmem_to_smem(gmem.at[rows], smem.at[rows], const_ready)
 
             @plgpu.nd_loop((n_units,), collective_axes="sm",
                            init_carry=(jnp.int32(0), jnp.int32(0)))
@@ -196,6 +245,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
             wg_n0 = wg_idx * tile_n
             if row_gmem is not None:
                 plgpu.barrier_wait(row_ready)
+            if plan.constants:
+                plgpu.barrier_wait(const_ready)
 
             @plgpu.nd_loop((n_units,), collective_axes="sm", init_carry=jnp.int32(0))
             def _units(loop_info, carry):
@@ -256,8 +307,18 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
                 elif in_kernel:
                     def scale_of():
                         return safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + plan.eps)
-                _epilogue(accs, out_smem.at[wg_idx], store, cols_left, scale_of=scale_of,
-                          biases=biases, combine=plan.combine, epi_n=epi_n, out_dtype=out_dtype)
+                if plan.epilogue is not None:
+                    scale = None if scale_of is None else scale_of()
+
+                    def custom(i, local_n):
+                        plan.epilogue(Unit(accs, i, local_n, wg_idx, scale, const_smems,
+                                           out_smem.at[wg_idx], out_gmems[i], x_box))
+
+                    owner(tile, custom)
+                else:
+                    _epilogue(accs, out_smem.at[wg_idx], store, cols_left, scale_of=scale_of,
+                              biases=biases, combine=plan.combine, epi_n=epi_n,
+                              out_dtype=out_dtype)
                 if plan.has_bias:
                     # The fence orders the bias reads before the TMA that refills the buffer.
                     plgpu.commit_smem()
@@ -268,6 +329,14 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     pl.run_scoped(body, **scratch, collective_axes="wg")
+
+
+def _constant_smem(shape: tuple[int, ...]) -> plgpu.SMEM:
+    """SMEM for one of `Plan.constants`: an [M, C] table swizzled as a float32 tile (so that
+    it loads in the WGMMA layout), a vector as it is."""
+    if len(shape) == 2:
+        return _swizzled((MAX_ROWS, shape[1]), jnp.float32, shape[1])
+    return plgpu.SMEM(shape, jnp.float32)
 
 
 def _add_squares(squares: Array, x_tile) -> Array:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 import jaxnorm
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
-from verify import checks, identities, strategies
+from verify import checks, identities, rope, strategies
 
 
 LEGEND = ("worst err/tol: the largest |output - float64 reference| / tolerance (verify's "
@@ -110,6 +110,14 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
             arrays(r, 5, 16), arrays(r, 6, 16), arrays(r, 16), arrays(r, 16), 1e-6)),
         run("RoPE keeps the row scale", lambda r: identities.rope_norm(
             arrays(r, 5, 16), r.uniform(0.0, 4096.0, 5), arrays(r, 16), 1e-6)),
+        run("RoPE keeps head norms", lambda r: rope.rope_keeps_head_norms(
+            arrays(r, 5, 3 * 16), r.uniform(0.0, 4096.0, 5), 16)),
+        run("RoPE(s q) = s RoPE(q)", lambda r: rope.rope_commutes_with_row_scale(
+            arrays(r, 5, 3 * 16), r.uniform(0.01, 100.0, 5), r.uniform(0.0, 4096.0, 5), 16)),
+        run("QKNorm(s q) = QKNorm(q)", lambda r: rope.qk_norm_ignores_row_scale(
+            arrays(r, 5, 3 * 16), r.uniform(0.01, 100.0, 5), arrays(r, 16), 16)),
+        run("head halves round-trip", lambda r: rope.head_split_round_trip(
+            arrays(r, 6, 3 * 16).astype(np.float32).astype(np.float64), 16)),
     ]
 
 

@@ -586,6 +586,57 @@ def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# The decode attention-input kernel (pallas_kernels/decode_attention_input.py) at the QK-norm
+# presets of bench/decode_attention_bench.py (smoke: d_model 128, 2 q heads and 1 kv head of
+# the preset's head_dim).
+DECODE_ATTENTION_ROWS = (1, 8, 64)
+
+
+def decode_attention_input_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct (every preset and M; gain folded, and unfolded at M = 8), NaN isolated and
+    repeatable (M = 8) for the decode attention-input kernel, judged by verify.rope."""
+    from bench import decode_attention_bench as dab
+
+    cases = []
+    for i, preset in enumerate(dab.PRESETS):
+        d, n_q, n_kv = _size((preset.d_model, preset.n_heads, preset.n_kv_heads), (128, 2, 1))
+        p = preset._replace(d_model=d, n_heads=n_q, n_kv_heads=n_kv)
+        for m in DECODE_ATTENTION_ROWS:
+            for unfolded in (False, True) if m == 8 else (False,):
+                label = (f"decode attention input {p.name} {m}x{p.d_model} "
+                         f"{p.n_heads}/{p.n_kv_heads}x{p.head_dim} "
+                         f"{'gain unfolded' if unfolded else 'gain folded'}")
+                variant = dab.UNFOLDED if unfolded else dab.KERNEL
+
+                def run(a, p=p, unfolded=unfolded):
+                    return dab.kernel(a, p, unfolded=unfolded, config=None, interpret=INTERPRET)
+
+                def judge(a, p=p, run=run, variant=variant):
+                    return f"err/tol {dab.judge(variant, run(a), a, p)['err_tol']:.3f}"
+
+                def draw(seed, m=m, p=p):
+                    return dab.inputs(jax.random.key(seed), m, p)
+
+                def correct(draw=draw, judge=judge, seed=1000 + 10 * i + m):
+                    return judge(draw(seed))
+
+                def nan_isolated(draw=draw, judge=judge, seed=1100 + i):
+                    a = draw(seed)
+                    m_, k = a.x.shape
+                    return judge(a._replace(x=a.x.at[m_ // 2, k // 3].set(jnp.nan)))
+
+                def repeatable(draw=draw, run=run, seed=1200 + i):
+                    a = draw(seed)
+                    _assert_bitwise(run(a), run(a), "second call")
+                    return "bitwise"
+
+                fns = {"correct": correct, "NaN isolated": nan_isolated,
+                       "repeatable": repeatable}
+                checks_here = ALL_CHECKS if m == 8 and not unfolded else ("correct",)
+                cases += [(check, label, fns[check]) for check in checks_here]
+    return cases
+
+
 def _same_order(config: pn.PostNormConfig, reference: pn.PostNormConfig, kind: str) -> bool:
     """Whether two configs combine a row's partials in the same order (so y is bitwise
     equal): the same warpgroup tiles, partials read the same way."""
@@ -630,7 +681,8 @@ def main() -> int:
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
     cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
-             + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases())
+             + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases()
+             + decode_attention_input_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]

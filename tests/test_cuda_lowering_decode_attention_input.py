@@ -1,0 +1,58 @@
+"""Cross-lowering of the decode attention-input kernel for "cuda" (no GPU) at the presets'
+decode shapes: the Pallas -> Mosaic GPU lowering (layout inference of the accumulators'
+head reductions, the cos/sin tiles' WGMMA-layout loads, TMA descriptors of the half-head
+stores, the SMEM budget) with the H200's SM count; it does not run ptxas."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh
+
+from pallas_kernels import decode_attention_input as dai
+from pallas_kernels import decode_config as dc
+
+H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
+                                                            num_cores=132))
+S = jax.ShapeDtypeStruct
+BF16, F32 = jnp.bfloat16, jnp.float32
+# (name, d_model, q heads, kv heads, head_dim, QK-norm gain offset).
+PRESETS = [("qwen3-0.6b", 1024, 16, 8, 128, 0.0), ("qwen3-4b", 2560, 32, 8, 128, 0.0),
+           ("gemma-3-1b", 1152, 4, 1, 256, 1.0)]
+
+
+def _lower(m: int, d: int, n_q: int, n_kv: int, hd: int, qk_offset: float, *, gain: bool,
+           config: dc.DecodeConfig | None = None) -> None:
+    def fn(x, w_q, w_k, w_v, g, q_gain, k_gain, cos, sin):
+        weights = dai.split_weights(w_q, w_k, w_v, hd)
+        return dai.decode_attention_input(x, weights, head_dim=hd, q_gain=q_gain,
+                                          k_gain=k_gain, cos=cos, sin=sin, qk_offset=qk_offset,
+                                          scale=g, scale_offset=qk_offset, config=config)
+
+    args = (S((m, d), BF16), S((d, n_q * hd), BF16), S((d, n_kv * hd), BF16),
+            S((d, n_kv * hd), BF16), S((d,), F32) if gain else None, S((hd,), F32),
+            S((hd,), F32), S((m, hd // 2), F32), S((m, hd // 2), F32))
+    with jax.sharding.use_abstract_mesh(H200):
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p[0])
+def test_lowers_at_decode_with_the_statistic_in_the_kernel(m, preset):
+    """The input gain folded (scale=None): the statistic from the x tiles."""
+    _lower(m, *preset[1:], gain=False)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p[0])
+def test_lowers_with_a_gain_scaling_x(preset):
+    """A gain scaling x in XLA, the row scale given to the kernel."""
+    _lower(8, *preset[1:], gain=True)
+
+
+@pytest.mark.parametrize("hd, warpgroups", [(128, 1), (128, 2), (256, 1)])
+def test_every_candidate_tile_lowers(hd, warpgroups):
+    config = dc.deepest(dc.DecodeConfig(tile_n=hd // 2, warpgroups=warpgroups), 2, streams=2,
+                        extra=dai.constants_bytes(hd))
+    _lower(64, 2048, 16, 4, hd, 0.0, gain=False, config=config)
