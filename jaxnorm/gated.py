@@ -138,10 +138,8 @@ def rms_norm_gated_dense(
     _checks.check_vector("up_bias", up_bias, n)
     x = jnp.asarray(x)
     lead = x.shape[:-1]
-    stats = None
-    if statistics is not None:
-        given = row_stats.check("statistics", statistics, x.shape)
-        stats = row_stats.RowStats(given.mean.reshape(-1), given.m2.reshape(-1), k)
+    stats = None if statistics is None else row_stats.flat_rows(
+        row_stats.check("statistics", statistics, x.shape))
     args = tuple(None if a is None else jnp.asarray(a)
                  for a in (x.reshape(-1, k), scale, w_gate, w_up, gate_bias, up_bias))
     kwargs = dict(activation=activation, eps=eps, scale_offset=scale_offset)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import jax
 
-from jaxnorm import autodiff, dispatch
+from jaxnorm import dispatch
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
@@ -63,12 +63,11 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     params = (scale,) if kind == "rms" else (scale, norm_bias)
     args = (x, *params, kernels, biases, stats)
     chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
+    s = _Static(op, chosen, eps, scale_offset)
     if impl is None and chosen == "xla":
         # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
         # unused and XLA drops their producer's reduction (fewer kernels than applying them).
-        return autodiff.norm_dense(kind, x, scale, norm_bias, kernels, biases, eps=eps,
-                                   scale_offset=scale_offset, impl=None)
-    s = _Static(op, chosen, eps, scale_offset)
+        return _call(s, "xla", args[:-1])
     if chosen == "xla":
         return _call(s, "xla", args)  # plain JAX: the given-statistics formulation
     return _given(s, args)

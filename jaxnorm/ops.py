@@ -100,8 +100,8 @@ def _given_statistics(
         raise ValueError("statistics= and axis_name= together are not served: with K sharded, "
                          "pass the statistics of the whole rows to a call without axis_name")
     k = x.shape[-1]
-    flat = row_stats.RowStats(stats.mean.reshape(-1), stats.m2.reshape(-1), k)
-    return given_statistics.norm_dense(kind, x.reshape(-1, k), stats=flat, **kwargs)
+    return given_statistics.norm_dense(kind, x.reshape(-1, k), stats=row_stats.flat_rows(stats),
+                                       **kwargs)
 
 
 def _unflatten_outputs(

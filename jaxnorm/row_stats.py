@@ -126,3 +126,8 @@ def check(name: str, stats: object, x_shape: tuple[int, ...], x_name: str = "x")
         raise ValueError(f"{name}.length is {stats.length} but {x_name} has shape "
                          f"{tuple(x_shape)}: rows of length K={k}")
     return RowStats(jnp.asarray(stats.mean, F32), jnp.asarray(stats.m2, F32), k)
+
+
+def flat_rows(stats: RowStats) -> RowStats:
+    """The statistics of the rows of x flattened to [M, K] (as the ops hand x on)."""
+    return RowStats(stats.mean.reshape(-1), stats.m2.reshape(-1), stats.length)
