@@ -103,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="decode batch sizes (default: each shape's, 1,8,64)")
     model.add_argument("--rounds", type=int, default=2,
                        help="rounds of the interleaved variants (default: 2)")
+    model.add_argument("--detail", type=Path,
+                       help="also write each cell's kernels by name and optimized HLO here")
     led = parser.add_argument_group("ledger")
     led.add_argument("--batch", type=_list_of(int), default=(1, 64),
                      help="decode batch sizes (default: 1,64)")
@@ -132,7 +134,7 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
     if args.decode_batch:
         shapes = [dataclasses.replace(s, decode_batches=tuple(args.decode_batch)) for s in shapes]
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
-                    phases=args.phase, out=args.out)
+                    phases=args.phase, out=args.out, detail=args.detail)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 

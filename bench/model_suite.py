@@ -255,9 +255,12 @@ class Cell:
     rounds: list[dict[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
-def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int) -> dict:
+def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int,
+             detail: Path | None = None) -> dict:
     t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
     kernels = [(name, us / per_step) for name, us in t.kernels]
+    if detail is not None:
+        _write_detail(detail, fn, arg_sets[0], kernels, len(t.kernels) // max(1, t.copies))
     return {
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
@@ -266,6 +269,22 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
         "top_kernels": _top(kernels, 16),
         "cupti_error": t.cupti_error,
     }
+
+
+def _write_detail(path: Path, fn: Callable, args: tuple, kernels: list[tuple[str, float]],
+                  per_call: int) -> None:
+    """Every kernel name's launches and time per step, and XLA's optimized HLO, so a cell's
+    gap can be traced to the fusions behind it (`--detail`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    totals: dict[str, list[float]] = {}
+    for name, us in kernels:
+        entry = totals.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
+    rows = sorted(([n, c, us] for n, (c, us) in totals.items()), key=lambda r: -r[2])
+    path.parent.joinpath(path.name + ".kernels.json").write_text(json.dumps(
+        {"launches_per_call": per_call, "kernels": rows}, indent=0))
+    path.parent.joinpath(path.name + ".hlo.txt").write_text(jax.jit(fn).lower(*args).compile().as_text())
 
 
 def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
@@ -283,11 +302,12 @@ def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 2, phases: tuple[str, ...] = PHASES, out: Path | None = None,
-        console: Console | None = None) -> list[Cell]:
+        detail: Path | None = None, console: Console | None = None) -> list[Cell]:
     """Measure every cell: variants interleaved within a round, `rounds` rounds.
 
     With `out`, the results so far are rewritten after every cell, so a run cut
-    short keeps what it measured.
+    short keeps what it measured. With `detail`, round 1 also writes each variant's
+    kernels by name and its optimized HLO there.
     """
     console = console or Console(stderr=True)
     cells = []
@@ -303,8 +323,10 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                 for variant, model in variants.items():
                     console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
                     _, arg_sets = case(model)
+                    where = None if detail is None or r else (
+                        detail / f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}")
                     results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
-                                                per_step)
+                                                per_step, where)
                     del arg_sets
                 cell.rounds.append(results)
             cells.append(cell)

@@ -8,6 +8,7 @@
 #   GROUPS_LIMIT=100 bash scripts/h200.sh decode-groups      # the decode MLP-input group vs XLA
 #   ONLY="decode attention input" bash scripts/h200.sh kernels decode-attention  # its checks, bench
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
+#   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -74,7 +75,8 @@ for name in "$@"; do
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
-             --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} ;;
+             --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
+             ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;
