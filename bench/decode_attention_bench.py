@@ -2,14 +2,14 @@
 
     PYTHONPATH=. python -m bench.decode_attention_bench --out $OUT [--budget-s 120]   # H200
     PYTHONPATH=. python -m bench.decode_attention_bench --smoke --out /tmp/a          # CPU
+    PYTHONPATH=. python -m bench.decode_attention_bench --write-table RUN.json ...   # the table
 
 Per preset (d_model, q heads, kv heads, head_dim of Qwen3-0.6B, Qwen3-4B, Gemma-3-1B: the
 QK-norm presets of bench/model_suite.py) x M = 1, 8, 64 rows (the batch, one position per
 row), four variants, each returning (q, k, v) in the standard head layout:
 
 - "attention input kernel": one launch with the input gain folded (the row statistic in the
-  kernel), QK-norm and RoPE in the epilogue, weights split into head halves once
-  (`split_weights`, outside the timed call, as a model does at load) and cos/sin given (one
+  kernel), QK-norm and RoPE in the epilogue, the weights as stored and cos/sin given (one
   table per step, shared by every layer; `rope_tables`);
 - "kernel, gain unfolded": the same with the input gain given: XLA scales x first;
 - "stock": what the stock model runs (jaxnorm/models: Block._qkv then Attention.__call__):
@@ -24,6 +24,8 @@ floor's against float64 within 2^-6 of |ref| + rms(ref). Then all are measured i
 (`decode_groups.time_interleaved`: two rounds, the better median kept) with bench/timing.py:
 CUPTI kernel time summed over every kernel of the call, inputs rotated through copies larger
 than L2. The JSON is rewritten after every shape; decode-attention.md holds the table.
+`--write-table` turns runs into jaxnorm/backends/decode_attention_measured.py, the ratios
+automatic dispatch reads (jaxnorm/backends/mosaic_attention_input.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import decode_groups, report, timing
+from bench import decode_groups, decode_table_writer, report, timing
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -48,6 +50,7 @@ EPS = 1e-6
 ROPE_THETA = 1e6
 ROWS = (1, 8, 64)
 FLOOR_TOLERANCE = 2**-6
+TABLE_PATH = Path(__file__).resolve().parents[1] / "jaxnorm/backends/decode_attention_measured.py"
 KERNEL, UNFOLDED, STOCK, FLOOR = ("attention input kernel", "kernel, gain unfolded", "stock",
                                   "three dots")
 
@@ -67,15 +70,14 @@ SMOKE_PRESETS, SMOKE_ROWS = [Preset("smoke", 128, 2, 1, 128, 1.0)], (8,)
 
 
 class Inputs(NamedTuple):
-    """One argument set: every variant takes all of it (the stock one the whole weights and
-    positions, the kernel the split weights and tables)."""
+    """One argument set: every variant takes all of it (the stock one the positions, the
+    kernel the cos/sin tables)."""
 
     x: jax.Array
     gain: jax.Array
     w_q: jax.Array
     w_k: jax.Array
     w_v: jax.Array
-    split: Any  # decode_attention_input.SplitWeights
     q_gain: jax.Array
     k_gain: jax.Array
     positions: jax.Array
@@ -100,7 +102,6 @@ def inputs(key: jax.Array, m: int, p: Preset) -> Inputs:
         x=jax.random.normal(kx, (m, d), BF16),
         gain=centre + 0.1 * jax.random.normal(kg, (d,), F32),
         w_q=w["q"], w_k=w["k"], w_v=w["v"],
-        split=dai.split_weights(w["q"], w["k"], w["v"], hd),
         q_gain=centre + 0.1 * jax.random.normal(kqg, (hd,), F32),
         k_gain=centre + 0.1 * jax.random.normal(kkg, (hd,), F32),
         positions=positions, cos=cos, sin=sin)
@@ -133,7 +134,7 @@ def kernel(a: Inputs, p: Preset, *, unfolded: bool, config, interpret: bool):
     from pallas_kernels import decode_attention_input as dai
 
     return dai.decode_attention_input(
-        a.x, a.split, head_dim=p.head_dim, q_gain=a.q_gain, k_gain=a.k_gain, cos=a.cos,
+        a.x, (a.w_q, a.w_k, a.w_v), head_dim=p.head_dim, q_gain=a.q_gain, k_gain=a.k_gain, cos=a.cos,
         sin=a.sin, qk_eps=EPS, qk_offset=p.qk_offset, eps=EPS,
         scale=a.gain if unfolded else None, scale_offset=p.qk_offset, config=config,
         interpret=interpret)
@@ -227,14 +228,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny preset under the Pallas interpreter (CPU)")
+    parser.add_argument("--presets", type=lambda v: v.split(","),
+                        default=[p.name for p in PRESETS],
+                        help=f"comma-separated (default: {','.join(p.name for p in PRESETS)})")
+    parser.add_argument("--rows", type=lambda v: tuple(int(m) for m in v.split(",")),
+                        default=ROWS, help="comma-separated M (default: 1,8,64)")
+    decode_table_writer.add_table_arguments(
+        parser, str(TABLE_PATH), "python -m bench.decode_attention_bench")
     args = parser.parse_args(argv)
+    if args.write_table:
+        print(decode_table_writer.write_attention_table(
+            args.write_table, TABLE_PATH, command=args.run_command, commit=args.run_commit))
+        return 0
+    unknown = set(args.presets) - {p.name for p in PRESETS}
+    if unknown:
+        parser.error(f"--presets: unknown {sorted(unknown)}; known {[p.name for p in PRESETS]}")
     if args.smoke:
         use_interpreter_safe_xla_flags()  # before jax computes anything
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     sms = 4 if args.smoke else jax.devices()[0].core_count
-    shapes = [(m, p) for p in (SMOKE_PRESETS if args.smoke else PRESETS)
-              for m in (SMOKE_ROWS if args.smoke else ROWS)]
+    presets = SMOKE_PRESETS if args.smoke else [p for p in PRESETS if p.name in args.presets]
+    shapes = [(m, p) for p in presets for m in (SMOKE_ROWS if args.smoke else args.rows)]
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    budget_s=args.budget_s, rows=[], skipped=[])
     for m, p in shapes:

@@ -1,4 +1,6 @@
-"""Turn decode GEMM runs' JSON (bench/decode_gemm.py) into pallas_kernels/decode_configs.py."""
+"""Turn decode runs' JSON into the measured tables dispatch reads: bench/decode_gemm.py ->
+pallas_kernels/decode_configs.py, bench/decode_groups.py -> decode_gated_measured.py,
+bench/decode_attention_bench.py -> decode_attention_measured.py (jaxnorm/backends)."""
 
 from __future__ import annotations
 
@@ -104,4 +106,43 @@ def write_gated_table(results: Sequence[Path], table: Path, *, command: str,
                       commit: str) -> Path:
     table.write_text(gated_table_source([json.loads(p.read_text()) for p in results],
                                         command, commit))
+    return table
+
+
+def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """jaxnorm/backends/decode_attention_measured.py's text from bench/decode_attention_bench.py
+    runs: per (M, K, q heads, kv heads, head_dim) the kernel's ratio to stock, gain folded and
+    unfolded (None where that variant was not timed or not correct); later runs win."""
+    from bench import decode_attention_bench as bench
+    from jaxnorm.backends import decode_attention_measured
+
+    entries: dict[tuple[int, ...], tuple[float | None, float | None]] = {}
+    for doc in docs:
+        if doc.get("smoke"):
+            raise ValueError("results: a table needs a GPU run, not --smoke")
+        for row in doc["rows"]:
+            shape, by_label = row["shape"], {e["label"]: e for e in row["variants"]}
+            key = (row["m"], shape["d_model"], shape["n_heads"], shape["n_kv_heads"],
+                   shape["head_dim"])
+            entries[key] = tuple(by_label.get(label, {}).get("vs_stock")
+                                 for label in (bench.KERNEL, bench.UNFOLDED))
+    lines = _header(decode_attention_measured.__doc__, docs, command, commit)
+    lines += ["# ((M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, "
+              "unfolded).",
+              "ENTRIES: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None], "
+              "...] = ("]
+
+    def fmt(ratio: float | None) -> str:
+        return "None" if ratio is None else f"{ratio:.3f}"
+
+    for shape, (folded, unfolded) in entries.items():
+        lines.append(f"    ({shape!r}, {fmt(folded)}, {fmt(unfolded)}),")
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def write_attention_table(results: Sequence[Path], table: Path, *, command: str,
+                          commit: str) -> Path:
+    table.write_text(attention_table_source([json.loads(p.read_text()) for p in results],
+                                            command, commit))
     return table

@@ -24,7 +24,8 @@ logger = logging.getLogger("jaxnorm")
 # Modules that register Mosaic GPU backends; imported on first use so that
 # plain CPU users never pay for importing Pallas.
 _MOSAIC_MODULES = ("jaxnorm.backends.mosaic_dense", "jaxnorm.backends.mosaic_norms",
-                   "jaxnorm.backends.mosaic_residual", "jaxnorm.backends.mosaic_gated")
+                   "jaxnorm.backends.mosaic_residual", "jaxnorm.backends.mosaic_gated",
+                   "jaxnorm.backends.mosaic_attention_input")
 
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}

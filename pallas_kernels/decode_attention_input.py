@@ -3,10 +3,11 @@ per-head QK-norm of q and k and RoPE at each row's position, in the epilogue.
 
 Stock, this is the input norm, the q/k/v products, then XLA kernels for the two
 QK-norms and the two rotations. Here it is one launch of the weight-streaming kernel
-(`pallas_kernels.decode_kernel`) with two streams: each weight is re-laid out once
-(`split_heads`, like folding a gain) into W_lo and W_hi, every head's first and
-second RoPE half, so one MMA warpgroup's unit holds one whole head as two [64, hd/2]
-float32 accumulators in the same WGMMA layout. Rotate-half RoPE is then elementwise
+(`pallas_kernels.decode_kernel`) with two streams over each weight as stored
+(`Plan.head_halves`): for head t, stream 0 reads the columns of its first RoPE half and
+stream 1 those of its second, so one MMA warpgroup's unit holds one whole head as two
+[64, hd/2] float32 accumulators in the same WGMMA layout, with no re-layout of the weight.
+Rotate-half RoPE is then elementwise
 between them (lo cos - hi sin, hi cos + lo sin: `jaxnorm.models.layers.rope`'s
 convention), and the head's sum of squares for QK-norm is a row reduction of
 lo^2 + hi^2 inside the warpgroup. cos and sin ([M, hd/2] float32, one row per
@@ -14,7 +15,7 @@ position: `rope_tables`) and the QK-norm gains are staged into SMEM once per CTA
 Each half is stored back to its columns: q, k, v come out in the standard head layout.
 
 split_k is 1 (the norm needs a head's whole dot), so the heads are the parallelism:
-n_heads + 2 n_kv_heads units over warpgroups. The input norm's row scale comes as the
+n_heads + 2 n_kv_heads units, one head each. The input norm's row scale comes as the
 decode gated kernel's does (`pallas_kernels.decode_gated`): given, taken in the kernel
 from the x tiles (gain folded or absent), or with the pass that scales x by a gain.
 """
@@ -22,7 +23,6 @@ from the x tiles (gain folded or absent), or with the pass that scales x by a ga
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.experimental.pallas as pl
@@ -32,51 +32,15 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import decode_kernel, hardware
-from pallas_kernels.decode_config import (EPI_N, MAX_ROWS, DecodeConfig, check_shapes, deepest,
-                                          modelled_seconds)
+from pallas_kernels.decode_config import EPI_N, MAX_ROWS, DecodeConfig, check_shapes, deepest
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.row_stats import safe_rsqrt
 
-__all__ = ["SplitWeights", "attention_input_config", "constants_bytes", "decode_attention_input",
-           "join_heads", "rope_tables", "split_heads", "split_weights"]
+__all__ = ["attention_input_config", "constants_bytes", "decode_attention_input", "rope_tables"]
 
 Array = jax.Array
 # Two [64, hd/2] float32 accumulators: hd/2 <= 128 columns fit the MMA warpgroup's registers.
 HALVES = (64, 128)
-
-
-class SplitWeights(NamedTuple):
-    """W_q, W_k, W_v, each as (W_lo, W_hi) [K, heads * hd/2] (`split_weights`): a pytree of
-    arrays only, so it passes through jit like the weights it replaces."""
-
-    q: tuple[Array, Array]
-    k: tuple[Array, Array]
-    v: tuple[Array, Array]
-
-
-def split_heads(w: Array, head_dim: int) -> tuple[Array, Array]:
-    """[K, H * hd] -> (W_lo, W_hi), each [K, H * hd/2]: every head's first and second half."""
-    k, n = w.shape
-    halves = w.reshape(k, n // head_dim, 2, head_dim // 2)
-    return halves[:, :, 0].reshape(k, -1), halves[:, :, 1].reshape(k, -1)
-
-
-def join_heads(lo: Array, hi: Array, head_dim: int) -> Array:
-    """The inverse of `split_heads`: [.., H * hd/2] halves back to [.., H * hd] heads."""
-    *lead, n = lo.shape
-    half = head_dim // 2
-    both = jnp.stack([lo.reshape(*lead, n // half, half), hi.reshape(*lead, n // half, half)],
-                     axis=-2)
-    return both.reshape(*lead, 2 * n)
-
-
-def split_weights(w_q: Array, w_k: Array, w_v: Array, head_dim: int) -> SplitWeights:
-    """The re-layout the caller does once per weight set (head_dim must divide every N)."""
-    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.ndim != 2 or w.shape[1] % head_dim:
-            raise Unsupported(f"{name} {w.shape} must be [K, heads * head_dim={head_dim}]")
-    return SplitWeights(split_heads(w_q, head_dim), split_heads(w_k, head_dim),
-                        split_heads(w_v, head_dim))
 
 
 def rope_tables(positions: Array, inv_freq: np.ndarray | Array) -> tuple[Array, Array]:
@@ -88,9 +52,9 @@ def rope_tables(positions: Array, inv_freq: np.ndarray | Array) -> tuple[Array, 
 
 def attention_input_config(m: int, k: int, heads: int, head_dim: int, *,
                            sms: int = hardware.H200_SMS, itemsize: int = 2) -> DecodeConfig:
-    """The modelled-fastest config (`decode_config.modelled_seconds`) for `heads` heads of q,
-    k and v together: tile_n is hd/2 (one head per MMA warpgroup), one or two warpgroups,
-    each with the deepest pipeline of x and both half tiles that fits; ties go to one."""
+    """The config for `heads` heads of q, k and v together: tile_n is hd/2 (one head per unit),
+    with the deepest pipeline of x and both half tiles that fits (one MMA warpgroup: a
+    CTA's two half tiles are then each one contiguous run of the weight's columns)."""
     return _config(m, k, heads, head_dim, sms, itemsize)
 
 
@@ -101,38 +65,26 @@ def constants_bytes(head_dim: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _config(m: int, k: int, heads: int, head_dim: int, sms: int, itemsize: int) -> DecodeConfig:
-    best, best_seconds = None, float("inf")
-    for warpgroups in (1, 2):
-        try:
-            config = deepest(DecodeConfig(tile_n=head_dim // 2, warpgroups=warpgroups),
-                             itemsize, streams=2, extra=constants_bytes(head_dim))
-        except Unsupported:  # two warpgroups of wide halves: not two stages
-            continue
-        seconds = modelled_seconds(config, m, k, (heads * head_dim // 2,), sms=sms,
-                                   itemsize=itemsize, streams=2)
-        if seconds < best_seconds * 0.999:
-            best, best_seconds = config, seconds
-    return best
+    return deepest(DecodeConfig(tile_n=head_dim // 2, warpgroups=1), itemsize, streams=2,
+                   extra=constants_bytes(head_dim))
 
 
-def _check(x: Array, weights: SplitWeights, hd: int, config: DecodeConfig, q_gain: Array,
-           k_gain: Array, cos: Array, sin: Array) -> None:
+def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: DecodeConfig,
+           q_gain: Array, k_gain: Array, cos: Array, sin: Array) -> None:
     """Unsupported (or ValueError for mismatched arguments) naming what is not served."""
     if hd // 2 not in HALVES or hd % 2:
         raise Unsupported(f"head_dim={hd} must be 128 or 256: each RoPE half is whole 64-column "
                           "output pieces, and two halves of more than 128 float32 columns "
                           "exceed the MMA warpgroup's registers")
-    halves = [w for pair in weights for w in pair]
-    check_shapes(x, halves, config, streams=2, extra=constants_bytes(hd))
-    if config.tile_n != hd // 2 or config.split_k != 1:
-        raise Unsupported(f"tile_n={config.tile_n}, split_k={config.split_k}: must be head_dim/2"
-                          f" = {hd // 2} and 1 (a unit holds whole heads; the norm is not linear"
-                          " in partial sums over K)")
+    for name, w in zip(("w_q", "w_k", "w_v"), weights):
+        if w.ndim != 2 or w.shape[1] % hd:
+            raise ValueError(f"{name} {w.shape} must be [K, heads * head_dim={hd}]")
+    check_shapes(x, list(weights), config, streams=2, extra=constants_bytes(hd))
+    if config.tile_n != hd // 2 or config.split_k != 1 or config.warpgroups != 1:
+        raise Unsupported(f"tile_n={config.tile_n}, split_k={config.split_k}, warpgroups="
+                          f"{config.warpgroups}: must be head_dim/2 = {hd // 2}, 1 and 1 (a unit"
+                          " holds one whole head; the norm is not linear in partial sums over K)")
     m = x.shape[0]
-    for name, pair in zip(("q", "k", "v"), weights):
-        if pair[0].shape != pair[1].shape or pair[0].shape[1] % (hd // 2):
-            raise ValueError(f"weights.{name}: W_lo {pair[0].shape} and W_hi {pair[1].shape} "
-                             f"must be one shape of whole heads of head_dim/2 = {hd // 2}")
     for name, gain in (("q_gain", q_gain), ("k_gain", k_gain)):
         if gain.shape != (hd,):
             raise ValueError(f"{name} must be [head_dim={hd}]; got {gain.shape}")
@@ -143,7 +95,7 @@ def _check(x: Array, weights: SplitWeights, hd: int, config: DecodeConfig, q_gai
 
 def decode_attention_input(
     x: Array,
-    weights: SplitWeights,
+    weights: tuple[Array, Array, Array],
     *,
     head_dim: int,
     q_gain: Array,
@@ -162,8 +114,8 @@ def decode_attention_input(
     """(q, k, v) = (RoPE(QKNorm(h_q)), RoPE(QKNorm(h_k)), h_v), h = RMSNorm(x; scale) @ W, in
     x.dtype and the standard head layout ([M, heads * head_dim]).
 
-    x: [M, K] bf16/f16 with M <= 64; weights: `split_weights(..., head_dim)` of [K, heads *
-    head_dim] weights (the folded W* when scale is None); per head QKNorm(h) =
+    x: [M, K] bf16/f16 with M <= 64; weights: (W_q, W_k, W_v), each [K, heads * head_dim] as
+    stored (the folded W* when scale is None); per head QKNorm(h) =
     h rsqrt(mean_head(h^2) + qk_eps) (qk_offset + gain); cos, sin: `rope_tables` of each
     row's position; row_scale ([M] float32) replaces the input norm's statistic, else it is
     taken in the kernel (scale None) or in the pass that scales x by the gain. No biases
@@ -171,10 +123,11 @@ def decode_attention_input(
     """
     if x.ndim != 2:
         raise Unsupported(f"x must be [M, K]; got {x.shape}")
-    if not isinstance(weights, SplitWeights):
-        raise ValueError("weights must be split_weights(w_q, w_k, w_v, head_dim)")
+    if not (isinstance(weights, tuple | list) and len(weights) == 3):
+        raise ValueError("weights must be (w_q, w_k, w_v)")
+    weights = tuple(weights)
     (m, k), hd = x.shape, head_dim
-    heads = [pair[0].shape[1] * 2 // hd for pair in weights]
+    heads = [w.shape[1] // hd for w in weights]
     if config is None:
         config = attention_input_config(m, k, sum(heads), hd, sms=hardware.num_sms(),
                                         itemsize=jnp.dtype(x.dtype).itemsize)
@@ -187,9 +140,10 @@ def decode_attention_input(
         x_box=decode_kernel.x_box_rows(m), has_bias=False,
         row_scale="given" if rows else "in_kernel", streams=2, eps=eps,
         constants=((m, hd // 2), (m, hd // 2), (hd,), (hd,)),
-        epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps)))
+        epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps)),
+        head_halves=True)
     out_types = [jax.ShapeDtypeStruct((m, h * hd), x.dtype) for h in heads]
-    halves = [w for pair in weights for w in pair]
+    halves = [w for w in weights for _ in range(2)]  # each weight once per stream
     q, k_, v = decode_kernel.build(x, halves, out_types, config=config, plan=plan,
                                    interpret=interpret)(
         x, *halves, *rows, cos.astype(jnp.float32), sin.astype(jnp.float32), *gains)

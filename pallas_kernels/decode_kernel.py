@@ -102,7 +102,10 @@ class Plan:
     partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue.
     `constants`: shapes of float32 inputs staged into SMEM once per CTA (an [M, C] one as
     x's box of rows), read only by `epilogue`, which replaces the built-in epilogue (split_k
-    = 1): called once per unit with its `Unit`."""
+    = 1): called once per unit with its `Unit`. `head_halves` (two streams, one warpgroup):
+    an output's one weight is passed as both streams, and stream s of N tile t reads its
+    columns [(2t + s) tile_n, (2t + s + 1) tile_n): the halves of head t when tile_n is
+    head_dim / 2, with no re-layout of the weight."""
 
     n_tiles: tuple[int, ...]
     x_box: int
@@ -113,6 +116,12 @@ class Plan:
     eps: float = 0.0
     constants: tuple[tuple[int, ...], ...] = ()
     epilogue: Callable[[Unit], None] | None = None
+    head_halves: bool = False
+
+    @property
+    def columns_per_tile_column(self) -> int:
+        """Weight columns behind each column of an output's N tiles (2 with head_halves)."""
+        return 2 if self.head_halves else 1
 
 
 def _kernel(*refs, config: DecodeConfig, plan: Plan):
@@ -133,7 +142,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     tile_n, tile_k, cta_n = config.tile_n, config.tile_k, config.cta_tile_n
     stages, num_mma, x_box = config.stages, config.warpgroups, plan.x_box
     epi_n = epi_tile_n(split, jnp.dtype(dtype).itemsize)
-    weights_n = [w.shape[1] for w in w_gmems[::streams]]
+    weights_n = [w.shape[1] // plan.columns_per_tile_column for w in w_gmems[::streams]]
     n_units = units(config, weights_n)
     n_starts = [sum(n_tiles[:i]) for i in range(num_outputs)]
     in_kernel = plan.row_scale == "in_kernel"
@@ -225,9 +234,10 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
                                                 a_smem.at[slot, pl.ds(0, x_box)],
                                                 produced.at[slot])
                         for s_, b_smem in enumerate(b_smems):
+                            first = 2 * local_n + s_ if plan.head_halves else local_n
                             plgpu.copy_gmem_to_smem(
                                 w_gmems[i * streams + s_].at[k_slice,
-                                                             pl.ds(local_n * cta_n, cta_n)],
+                                                             pl.ds(first * cta_n, cta_n)],
                                 b_smem.at[slot], produced.at[slot])
 
                 owner(tile, issue)
@@ -383,7 +393,10 @@ def _epilogue(accs: list[Array], out_smem, store, cols_left: Array, *, scale_of,
 def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtypeStruct], *,
           config: DecodeConfig, plan: Plan, interpret: bool):
     """The launch: `weights` output-major (each output's `plan.streams` weights together)."""
-    n_units = units(config, [w.shape[1] for w in weights[::plan.streams]])
+    if plan.head_halves and (plan.streams != 2 or config.warpgroups != 1):
+        raise ValueError("head_halves needs two streams and one MMA warpgroup")
+    n_units = units(config, [w.shape[1] // plan.columns_per_tile_column
+                             for w in weights[::plan.streams]])
     params = dict(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     if plan.row_scale == "in_kernel":
         # The row sum of squares stays inside each warp (WGMMA layout): no SMEM scratch.

@@ -4,9 +4,9 @@ input norm -> q/k/v -> per-head QK-norm -> RoPE.
 
 Every row sits at its own position (up to 4096), so a table row mixed up with another
 fails the judge; uninitialized memory reads as NaN in the interpreter, so a column no unit
-writes fails it too. Three q heads over two warpgroups leave the second warpgroup of the
-last tile without a head (it stores nothing); K = 256 is four K steps through a
-three-slot ring.
+writes fails it too. The weights are read as stored, each head's two RoPE halves as two
+streams, so a half read from the wrong columns fails it; K = 256 is four K steps through
+a three-slot ring.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _inputs(rng, m, k, n_q, n_kv, hd, *, gain, qk_offset, dtype=BF16) -> dict:
 
 
 def _run(inputs: dict, hd: int, *, config, scale_offset=0.0, qk_offset=0.0, **kw):
-    weights = dai.split_weights(inputs["w_q"], inputs["w_k"], inputs["w_v"], hd)
+    weights = (inputs["w_q"], inputs["w_k"], inputs["w_v"])
     return dai.decode_attention_input(
         inputs["x"], weights, head_dim=hd, q_gain=inputs["q_gain"], k_gain=inputs["k_gain"],
         cos=inputs["cos"], sin=inputs["sin"], qk_eps=1e-6, qk_offset=qk_offset, eps=1e-6,
@@ -56,24 +56,24 @@ def _judge(outs, inputs: dict, hd: int, *, scale_offset=0.0, qk_offset=0.0) -> f
                                     scale_offset=scale_offset, qk_eps=1e-6, qk_offset=qk_offset)
 
 
-# (M, K, q heads, kv heads, head_dim, warpgroups, input gain, qk_offset): every M of the issue,
+# (M, K, q heads, kv heads, head_dim, input gain, qk_offset): every M of the issue,
 # both head dims served, Gemma's 1 + g gains (offset 1) and plain ones, the statistic in the
 # kernel (gain None) and with a gain scaling x in XLA.
 CASES = {
-    "M1_hd128_stat_in_kernel": (1, 256, 2, 1, 128, 1, None, 0.0),
-    "M7_hd128_two_warpgroups_odd_heads_gemma": (7, 256, 3, 1, 128, 2, "gemma", 1.0),
-    "M16_hd256_stat_in_kernel_gemma_qk": (16, 128, 2, 1, 256, 1, None, 1.0),
-    "M64_hd128_plain_gain": (64, 192, 2, 2, 128, 1, "plain", 0.0),
-    "M64_hd256_stat_in_kernel": (64, 128, 3, 1, 256, 1, None, 0.0),
+    "M1_hd128_stat_in_kernel": (1, 256, 2, 1, 128, None, 0.0),
+    "M7_hd128_odd_heads_gemma": (7, 256, 3, 1, 128, "gemma", 1.0),
+    "M16_hd256_stat_in_kernel_gemma_qk": (16, 128, 2, 1, 256, None, 1.0),
+    "M64_hd128_plain_gain": (64, 192, 2, 2, 128, "plain", 0.0),
+    "M64_hd256_stat_in_kernel": (64, 128, 3, 1, 256, None, 0.0),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_decode_attention_input_matches_float64(case, rng):
-    m, k, n_q, n_kv, hd, warpgroups, gain, qk_offset = CASES[case]
+    m, k, n_q, n_kv, hd, gain, qk_offset = CASES[case]
     inputs = _inputs(rng, m, k, n_q, n_kv, hd, gain=gain, qk_offset=qk_offset)
     scale_offset = 1.0 if gain == "gemma" else 0.0
-    config = dc.DecodeConfig(tile_n=hd // 2, stages=3, warpgroups=warpgroups)
+    config = dc.DecodeConfig(tile_n=hd // 2, stages=3)
     outs = _run(inputs, hd, config=config, scale_offset=scale_offset, qk_offset=qk_offset)
     assert_race_free()
     assert [o.shape for o in outs] == [(m, n_q * hd), (m, n_kv * hd), (m, n_kv * hd)]
@@ -103,14 +103,15 @@ def test_a_nan_row_poisons_only_its_output_row(rng):
                                              (64, 1152, 6, 256)])
 def test_selection_is_valid_at_the_presets(m, k, heads, hd):
     config = dai.attention_input_config(m, k, heads, hd)
-    assert config.tile_n == hd // 2 and config.split_k == 1 and config.stages >= 2
+    assert config.tile_n == hd // 2 and config.split_k == 1 and config.warpgroups == 1
+    assert config.stages >= 2
     assert dc.smem_bytes(config, 2, streams=2) <= dc.hardware.SMEM_BYTES_PER_CTA
 
 
 def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
     w = lambda n: jnp.zeros((k, n * hd), BF16)  # noqa: E731
     return dict(x=jnp.zeros((m, k), BF16), head_dim=hd,
-                weights=dai.split_weights(w(n_q), w(n_kv), w(n_kv), hd),
+                weights=(w(n_q), w(n_kv), w(n_kv)),
                 q_gain=jnp.ones((hd,)), k_gain=jnp.ones((hd,)),
                 cos=jnp.ones((m, hd // 2)), sin=jnp.zeros((m, hd // 2)))
 
@@ -118,7 +119,9 @@ def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
 @pytest.mark.parametrize("change, error, reason", [
     (dict(_args(hd=64)), Unsupported, "head_dim=64 must be 128 or 256"),
     (dict(config=dc.DecodeConfig(tile_n=128, stages=2)), Unsupported,
-     "tile_n=128, split_k=1: must be head_dim/2 = 64"),
+     "tile_n=128, split_k=1, warpgroups=1: must be head_dim/2 = 64"),
+    (dict(config=dc.DecodeConfig(tile_n=64, stages=2, warpgroups=2)), Unsupported,
+     "warpgroups=2: must be"),
     (dict(config=dc.DecodeConfig(tile_n=64, split_k=2, stages=2)), Unsupported, "split_k=2"),
     (dict(_args(hd=256), config=dc.DecodeConfig(tile_n=128, stages=2, warpgroups=2)),
      Unsupported, "more shared memory"),
@@ -127,10 +130,10 @@ def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
     (dict(q_gain=jnp.ones((64,))), ValueError, r"q_gain must be \[head_dim=128\]"),
     (dict(cos=jnp.ones((4, 128))), ValueError, r"cos must be \[M=4, head_dim/2=64\]"),
     (dict(sin=jnp.ones((3, 64))), ValueError, "sin must be"),
-    (dict(weights=(1, 2, 3)), ValueError, "weights must be split_weights"),
+    (dict(weights=(1, 2)), ValueError, r"weights must be \(w_q, w_k, w_v\)"),
     (dict(head_dim=256, q_gain=jnp.ones((256,)), k_gain=jnp.ones((256,)),
           cos=jnp.ones((4, 128)), sin=jnp.ones((4, 128))), ValueError,
-     "weights.k: .* whole heads of head_dim/2 = 128"),
+     r"w_k \(128, 128\) must be \[K, heads \* head_dim=256\]"),
     (dict(row_scale=jnp.ones((5,))), ValueError, r"row_scale must be \[M=4\]"),
 ])
 def test_bad_input_says_which_argument(change, error, reason):
@@ -138,9 +141,3 @@ def test_bad_input_says_which_argument(change, error, reason):
     args.update(change)
     with pytest.raises(error, match=reason):
         dai.decode_attention_input(args.pop("x"), args.pop("weights"), interpret=True, **args)
-
-
-def test_split_weights_names_the_weight():
-    w = jnp.zeros((128, 256), BF16)
-    with pytest.raises(Unsupported, match=r"w_k \(128, 200\) must be"):
-        dai.split_weights(w, jnp.zeros((128, 200), BF16), w, 128)

@@ -190,6 +190,36 @@ def test_gemma2_post_norms_through_the_post_norm_kernel(monkeypatch):
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_decode_through_the_attention_input_kernel(monkeypatch, family):
+    """Decode steps whose attention input is the Mosaic kernel (Pallas interpreter): q/k
+    QK-normed and rotated in its epilogue at every step's position, the sliding layers' own
+    rope base (Gemma 3), logits as the xla path's and the same greedy tokens."""
+    import jaxnorm
+    real = jaxnorm.rms_norm_attention_input
+    build = getattr(models, family)
+    cfg = build(n_layers=2, d_model=128, n_heads=2, n_kv_heads=1, head_dim=128, d_ff=256,
+                vocab_size=128, dtype=jnp.bfloat16, impl="xla",
+                **({"sliding_window": 4, "layer_types": ("sliding", "full")}
+                   if family == "gemma3" else {}))
+    model = models.Transformer(cfg, rngs=nnx.Rngs(6))
+    prompt = _tokens(cfg, (2, 5))
+    want = models.greedy_decode(model, prompt, 4)
+    calls = []
+    monkeypatch.setattr(jaxnorm, "rms_norm_attention_input", lambda *a, **k: calls.append(
+        1) or real(*a, **{**k, "impl": "interpret" if a[0].shape[-2] == 1 else "xla"}))
+    jax.clear_caches()  # greedy_decode's jitted step was traced with the real op
+    got = models.greedy_decode(model, prompt, 4)
+    assert calls  # the decode steps (one row per sequence) ran the kernel
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    _, cache = model(prompt, cache=model.init_cache(2, 16))  # T = 5: the xla path
+    got_logits, _ = model(want[:, :1], start=5, cache=cache)
+    monkeypatch.setattr(jaxnorm, "rms_norm_attention_input", real)
+    want_logits, _ = model(want[:, :1], start=5, cache=cache)
+    np.testing.assert_allclose(np.asarray(got_logits, np.float32),
+                               np.asarray(want_logits, np.float32), rtol=3e-2, atol=3e-2)
+
+
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
 def test_left_padded_batch_decodes_like_each_prompt_alone(name):
     """Prompts of lengths 6, 3 and 5 left-padded into one batch: each row's greedy tokens

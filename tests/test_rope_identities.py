@@ -62,9 +62,3 @@ def test_qk_norm_feels_the_row_scale_only_through_eps():
     kw = dict(head_dim=8, eps=1e-2, offset=0.0)
     assert not np.allclose(rope.qk_norm(q, np.ones(8), **kw),
                            rope.qk_norm(1e4 * q, np.ones(8), **kw))
-
-
-@given(st.integers(1, 5), st.integers(1, 4), st.sampled_from([2, 8, 64, 128]), seeds)
-def test_head_halves_round_trip(k, h, hd, seed):
-    w = _draw(seed, k, h * hd).astype(np.float32).astype(np.float64)
-    assert rope.head_split_round_trip(w, hd) == 0.0

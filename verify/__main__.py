@@ -116,8 +116,6 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
             arrays(r, 5, 3 * 16), r.uniform(0.01, 100.0, 5), r.uniform(0.0, 4096.0, 5), 16)),
         run("QKNorm(s q) = QKNorm(q)", lambda r: rope.qk_norm_ignores_row_scale(
             arrays(r, 5, 3 * 16), r.uniform(0.01, 100.0, 5), arrays(r, 16), 16)),
-        run("head halves round-trip", lambda r: rope.head_split_round_trip(
-            arrays(r, 6, 3 * 16).astype(np.float32).astype(np.float64), 16)),
     ]
 
 

@@ -131,21 +131,3 @@ def qk_norm_ignores_row_scale(q: np.ndarray, s: np.ndarray, gain: np.ndarray,
     kernel may apply it in either order."""
     kw = dict(head_dim=head_dim, eps=0.0, offset=0.0)
     return _rel(qk_norm(s[:, None] * q, gain, **kw), qk_norm(q, gain, **kw))
-
-
-def head_split_round_trip(w: np.ndarray, head_dim: int) -> float:
-    """`pallas_kernels.decode_attention_input.split_heads` takes every head's halves (lo:
-    columns [h hd, h hd + hd/2), hi: the rest) and `join_heads` puts them back, exactly.
-    w: float32-representable values (the re-layout runs in JAX's default float32)."""
-    import jax.numpy as jnp
-
-    from pallas_kernels.decode_attention_input import join_heads, split_heads
-
-    lo, hi = (np.asarray(a, np.float64) for a in split_heads(jnp.asarray(w, jnp.float32),
-                                                             head_dim))
-    heads = w.reshape(w.shape[0], -1, head_dim)
-    expected_lo = heads[..., : head_dim // 2].reshape(w.shape[0], -1)
-    expected_hi = heads[..., head_dim // 2:].reshape(w.shape[0], -1)
-    back = np.asarray(join_heads(jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32),
-                                 head_dim), np.float64)
-    return max(_rel(lo, expected_lo), _rel(hi, expected_hi), _rel(back, w))

@@ -56,27 +56,34 @@ class Attention(nnx.Module):
         if cfg.post_norms:
             self.o_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
 
+    def rope_positions(self, slots: Array, pad: Array | None) -> tuple[Array, np.ndarray]:
+        """(positions [T] or [B, T], this layer's inverse frequencies [head_dim / 2])."""
+        cfg = self.cfg
+        if cfg.is_sliding(self.layer) and cfg.local_rope_theta is not None:
+            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
+        else:
+            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        return (slots if pad is None else slots[None, :] - pad[:, None]), inv_freq
+
     def __call__(self, q: Array, k: Array, v: Array, slots: Array,
                  cache: tuple[Array, Array] | None, pad: Array | None = None,
-                 residual: Array | None = None
+                 residual: Array | None = None, rotated: bool = False
                  ) -> tuple[Array, RowStats | None, tuple[Array, Array] | None]:
         """(the attention output plus `residual` when given, the sum's row statistics where
         the fused residual GEMM wrote them, the cache). With post_norms the add is part of
-        the output norm's post-norm op."""
+        the output norm's post-norm op. `rotated`: q and k come QK-normed and rotated
+        (`jaxnorm.rms_norm_attention_input`)."""
         cfg = self.cfg
         sliding = cfg.is_sliding(self.layer)
         b, t, _ = q.shape
         q = q.reshape(b, t, cfg.n_heads, cfg.head_dim)
         k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-        if cfg.qk_norm and cfg.qk_norm_over == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        if sliding and cfg.local_rope_theta is not None:
-            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
-        else:
-            inv_freq = layers.rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        positions = slots if pad is None else slots[None, :] - pad[:, None]
-        q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
+        if not rotated:
+            if cfg.qk_norm and cfg.qk_norm_over == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
+            positions, inv_freq = self.rope_positions(slots, pad)
+            q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
         if cache is not None:
             start = slots[0]
             cache = tuple(jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=1)
@@ -115,8 +122,19 @@ class Block(nnx.Module):
             self.down_norm = layers.rms_norm(cfg, cfg.d_model, rngs=rngs)
         self.cfg = cfg
 
-    def _qkv(self, x: Array, stats: RowStats | None) -> tuple[Array, Array, Array]:
-        """q, k, v; normed over the whole projection here for QK-norm over "projection"."""
+    def _qkv(self, x: Array, stats: RowStats | None, slots: Array,
+             pad: Array | None) -> tuple[Array, Array, Array, bool]:
+        """q, k, v, and whether q and k are already QK-normed and rotated (the fused
+        attention input); normed over the whole projection here for QK-norm over
+        "projection"."""
+        cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
+        if layers.fuses_attention_input(cfg):
+            positions, inv_freq = attn.rope_positions(slots, pad)
+            return (*layers.attention_input(cfg, attn_in, attn, x, stats, positions, inv_freq),
+                    True)
+        return (*self._projections(x, stats), False)
+
+    def _projections(self, x: Array, stats: RowStats | None) -> tuple[Array, Array, Array]:
         cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
         if not (cfg.qk_norm and cfg.qk_norm_over == "projection"):
             return attn_in(x, statistics=stats) if stats is not None else attn_in(x)
@@ -132,8 +150,8 @@ class Block(nnx.Module):
 
         `stats`: the input's statistics from the previous block's down-projection."""
         cfg = self.cfg
-        q, k, v = self._qkv(x, stats)
-        x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x)
+        q, k, v, rotated = self._qkv(x, stats, slots, pad)
+        x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x, rotated=rotated)
         h = layers.gated_mlp_input(cfg, self.mlp_in, x, stats)
         if cfg.post_norms:  # the statistics for the next layer's input norm (Gemma 2/3)
             x, stats = layers.project_then_norm(cfg, self.down, self.down_norm, h, x,

@@ -1,0 +1,163 @@
+"""The attention input of a QK-norm model as one op: (q, k, v) = (RoPE(QKNorm(h W_q)),
+RoPE(QKNorm(h W_k)), h W_v) with h = RMSNorm(x), as Qwen3 and Gemma 3 compute it.
+
+At decode (M <= 64 rows on Hopper) this is one Mosaic launch
+(`pallas_kernels.decode_attention_input`: the input norm's row scale, the three products,
+per-head QK-norm and RoPE in the epilogue) where the nearest measured shape had it at or
+under `DECODE_MAX_RATIO` of stock's time (jaxnorm/backends/decode_attention_measured.py).
+Everywhere else it is exactly what the unfused layers compute, op by op:
+`rms_norm_dense` for q/k/v (which may itself pick the pre-norm GEMM at prefill), then
+`rms_norm` of each head and rotate-half RoPE, so falling back runs the graph the model ran
+before this op existed.
+
+Differentiation: the kernel is paired with the backward of that composition (impl="xla"),
+as `jaxnorm.given_statistics` pairs its kernel: decode is inference, and a training step's
+M is never a decode shape.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm import _checks, dispatch, ops, row_stats
+from jaxnorm.row_stats import RowStats
+
+__all__ = ["OP", "rms_norm_attention_input"]
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+OP = "rms_norm_attention_input"
+
+
+class _Static(NamedTuple):
+    head_dim: int
+    eps: float
+    qk_eps: float
+    scale_offset: float
+    impl: str
+
+    def kwargs(self) -> dict:
+        return dict(head_dim=self.head_dim, eps=self.eps, qk_eps=self.qk_eps,
+                    scale_offset=self.scale_offset)
+
+
+def rotate_half(h: Array, cos: Array, sin: Array) -> Array:
+    """RoPE of h [M, H, hd] with per-row tables [M, hd/2], in float32, cast back
+    (`jaxnorm.models.layers.rope`'s arithmetic)."""
+    h1, h2 = jnp.split(h.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([h1 * c - h2 * s, h2 * c + h1 * s], axis=-1).astype(h.dtype)
+
+
+def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
+                 q_scale: Array, k_scale: Array, cos: Array, sin: Array,
+                 stats: RowStats | None, *, head_dim: int, eps: float, qk_eps: float,
+                 scale_offset: float, impl: str | None) -> tuple[Array, Array, Array]:
+    """The unfused ops, each dispatching on its own under impl=None."""
+    q, k, v = ops.rms_norm_dense(x, scale, (w_q, w_k, w_v), eps=eps, scale_offset=scale_offset,
+                                 impl=impl, statistics=stats)
+    m = x.shape[0]
+
+    def normed_rotated(h: Array, gain: Array) -> Array:
+        heads = ops.rms_norm(h.reshape(m, -1, head_dim), gain, eps=qk_eps,
+                             scale_offset=scale_offset, impl=impl)
+        return rotate_half(heads, cos, sin).reshape(m, -1)
+
+    return normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
+
+
+@dispatch.register(OP, "xla")
+def _xla(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats=None, *, head_dim, eps,
+         qk_eps, scale_offset):
+    return _composition(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats,
+                        head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset,
+                        impl="xla")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kernel(s: _Static, args: tuple):
+    return dispatch.call(OP, s.impl, *args, **s.kwargs())
+
+
+def _kernel_fwd(s: _Static, args: tuple):
+    return _kernel(s, args), args
+
+
+def _kernel_bwd(s: _Static, args: tuple, cotangents):
+    _, vjp = jax.vjp(lambda a: _xla(*a, **s.kwargs()), args)
+    return vjp(cotangents)
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
+def rms_norm_attention_input(
+    x: ArrayLike,
+    scale: ArrayLike | None,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    q_scale: ArrayLike,
+    k_scale: ArrayLike,
+    cos: ArrayLike,
+    sin: ArrayLike,
+    *,
+    head_dim: int,
+    eps: float = 1e-6,
+    qk_eps: float = 1e-6,
+    scale_offset: float = 0.0,
+    impl: str | None = None,
+    statistics: RowStats | None = None,
+) -> tuple[Array, Array, Array]:
+    """(q, k, v) of a QK-norm attention input, each [..., heads * head_dim] in x's dtype.
+
+    x: [..., K]; scale: the input norm's gain [K] (None: folded into the weights or absent);
+    w_q, w_k, w_v: [K, heads * head_dim] without biases; q_scale, k_scale: the per-head
+    QK-norm gains [head_dim]; cos, sin: [..., head_dim / 2] float32 tables of each row's
+    position (angles = position * inverse frequency); `scale_offset` applies to all three
+    gains (Gemma's 1 + g). `statistics`: x's RowStats from the residual GEMM that wrote it.
+    `impl`: None (automatic), "xla", "mosaic" or "interpret".
+    """
+    eps, scale_offset = _checks.check_scalars(eps, scale_offset)
+    qk_eps, _ = _checks.check_scalars(qk_eps, 0.0)
+    k = _checks.check_activation("x", x)
+    _checks.check_impl(impl)
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number; got {head_dim}")
+    x = jnp.asarray(x)
+    lead = x.shape[:-1]
+    _checks.check_vector("scale", scale, k)
+    weights = []
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        w = jnp.asarray(w)
+        if w.ndim != 2 or w.shape[0] != k or w.shape[1] % head_dim:
+            raise ValueError(f"{name} must be [K={k}, heads * head_dim={head_dim}]; got "
+                             f"{w.shape}")
+        weights.append(w)
+    if weights[1].shape != weights[2].shape:
+        raise ValueError(f"w_k {weights[1].shape} and w_v {weights[2].shape} must match "
+                         "(one key and one value per kv head)")
+    _checks.check_vector("q_scale", q_scale, head_dim)
+    _checks.check_vector("k_scale", k_scale, head_dim)
+    tables = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        t = jnp.asarray(t, jnp.float32)
+        if t.shape != (*lead, head_dim // 2):
+            raise ValueError(f"{name} must be [{', '.join(map(str, lead))}, head_dim/2="
+                             f"{head_dim // 2}] (a row per row of x); got {t.shape}")
+        tables.append(t.reshape(-1, head_dim // 2))
+    stats = None if statistics is None else row_stats.flat_rows(
+        row_stats.check("statistics", statistics, x.shape))
+    args = (x.reshape(-1, k), None if scale is None else jnp.asarray(scale), *weights,
+            jnp.asarray(q_scale), jnp.asarray(k_scale), *tables, stats)
+    kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
+    chosen = dispatch.resolve(OP, impl, *args, **kwargs)
+    if chosen == "xla":
+        outs = _composition(*args, **kwargs, impl=impl)
+    else:
+        outs = _kernel(_Static(head_dim, eps, qk_eps, scale_offset, chosen), args)
+    return tuple(o.reshape(*lead, o.shape[-1]) for o in outs)

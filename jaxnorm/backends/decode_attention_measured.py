@@ -1,0 +1,27 @@
+"""The decode attention-input kernel (pallas_kernels/decode_attention_input.py) against stock
+Flax's attention input (the norm, three dots, per-head QK-norm, RoPE) per measured shape,
+written by `python -m bench.decode_attention_bench --write-table`.
+
+Automatic dispatch (jaxnorm/backends/mosaic_attention_input.py) takes the kernel at M <= 64
+only where the nearest entry of the same head_dim, within a factor of 2 in each of M, K and
+the q/k/v width, measured at most `mosaic_dense.DECODE_MAX_RATIO` of stock's time, for the
+gain folded (flashified weights, the row statistic in the kernel) or unfolded (XLA scales x
+by the gain first) as the call is. None: not timed. Regenerate rather than edit.
+"""
+
+# The runs: commands, UTC date of the last, GPU, its SM count, commits.
+PROVENANCE: dict[str, str | int | None] = {
+    'command': 'python -m bench.decode_attention_bench --budget-s 110  # weights split into head halves before the call (the layout before head_halves)',
+    'date': '2026-12-01T23:44:49+00:00',
+    'device': 'NVIDIA H200',
+    'sms': 132,
+    'commit': 'd40d57d',
+}
+
+# ((M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, unfolded).
+ENTRIES: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None], ...] = (
+    ((1, 1024, 16, 8, 128), 0.387, 0.396),
+    ((8, 1024, 16, 8, 128), 0.758, 0.799),
+    ((64, 1024, 16, 8, 128), 0.582, 0.625),
+    ((1, 2560, 32, 8, 128), 0.475, 0.422),
+)

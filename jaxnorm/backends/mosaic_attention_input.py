@@ -1,0 +1,81 @@
+"""Mosaic GPU backend of the QK-norm attention input: `pallas_kernels.decode_attention_input`
+(one weight-streaming launch at M <= 64: the input norm's row scale, q/k/v, per-head QK-norm
+and RoPE in the epilogue).
+
+Serves bfloat16/float16 x with weights of its dtype, head_dim 128 or 256, K and every
+width multiples of 64. Anything else raises `Unsupported` with the reason, and dispatch
+falls back to the unfused ops. Forward only: `jaxnorm.attention_input` pairs it with the
+backward of the unfused composition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from jaxnorm import row_stats
+from jaxnorm.attention_input import OP
+from jaxnorm.backends import decode_attention_measured
+from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check
+from jaxnorm.dispatch import Unsupported, decline_automatic, register
+from pallas_kernels import decode_attention_input, hardware
+from pallas_kernels.decode_config import MAX_ROWS
+
+Array = jax.Array
+
+
+@register(OP, "mosaic")
+def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
+                             q_scale: Array, k_scale: Array, cos: Array, sin: Array,
+                             stats: row_stats.RowStats | None = None, *, head_dim: int,
+                             eps: float, qk_eps: float, scale_offset: float,
+                             interpret: bool) -> tuple[Array, Array, Array]:
+    x = _check(x, (w_q, w_k, w_v), OP, interpret)
+    if x.shape[0] > MAX_ROWS:
+        raise Unsupported(f"M={x.shape[0]} > {MAX_ROWS}: the attention-input kernel is a "
+                          "decode kernel")
+    return decode_attention_input.decode_attention_input(
+        x, (w_q, w_k, w_v), head_dim=head_dim, q_gain=q_scale, k_gain=k_scale, cos=cos,
+        sin=sin, qk_eps=qk_eps, qk_offset=scale_offset, eps=eps, scale=scale,
+        scale_offset=scale_offset,
+        row_scale=None if stats is None else row_stats.rms_inverse(stats, eps),
+        interpret=interpret)
+
+
+def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int):
+    """The measured entry of this head_dim within 2x of (M, K, q/k/v width), nearest in log2."""
+    if decode_attention_measured.PROVENANCE.get("sms") != hardware.num_sms():
+        return None
+    here = [math.log2(d) for d in (m, k, (heads + 2 * kv_heads) * head_dim)]
+    near = []
+    for shape, folded, unfolded in decode_attention_measured.ENTRIES:
+        em, ek, eh, ekv, ehd = shape
+        there = [math.log2(d) for d in (em, ek, (eh + 2 * ekv) * ehd)]
+        if ehd == head_dim and all(abs(a - b) <= 1 for a, b in zip(here, there)):
+            near.append((math.dist(here, there), (shape, folded, unfolded)))
+    return min(near)[1] if near else None
+
+
+@decline_automatic(OP)
+def _not_measured_faster(x, scale, w_q, w_k, w_v, *args, head_dim: int, **kwargs) -> str | None:
+    """The kernel runs under impl=None only at decode, where the nearest measured shape had it
+    at or under DECODE_MAX_RATIO of stock's attention input, with the gain as this call has it."""
+    (m, k), heads, kv_heads = x.shape, w_q.shape[1] // head_dim, w_k.shape[1] // head_dim
+    where = f"at {m}x{k}, {heads}/{kv_heads} heads of {head_dim}"
+    if m > MAX_ROWS:
+        return f"{where}: the attention-input kernel serves decode (M <= {MAX_ROWS})"
+    entry = _nearest_entry(m, k, heads, kv_heads, head_dim)
+    if entry is None:
+        return (f"{where} the attention-input kernel has no measured shape within 2x "
+                "(jaxnorm/backends/decode_attention_measured.py, "
+                "bench/decode_attention_bench.py); impl='mosaic' forces it")
+    shape, folded, unfolded = entry
+    gain = "folded" if scale is None else "unfolded"
+    ratio = folded if scale is None else unfolded
+    if ratio is None or ratio > DECODE_MAX_RATIO:
+        measured = "is not measured" if ratio is None else f"measured {ratio:.3f}x stock"
+        return (f"{where} the attention-input kernel with the gain {gain} {measured} at "
+                f"{shape} (over {DECODE_MAX_RATIO}x is declined; "
+                "jaxnorm/backends/decode_attention_measured.py); impl='mosaic' forces it")
+    return None
