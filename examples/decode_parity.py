@@ -2,7 +2,8 @@
 
     python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3]
 
-A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings) in bfloat16 whose norm + projections
+A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings, head_dim
+128, its attention input one op) in bfloat16 whose norm + projections
 (q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
 the same parameters with impl="xla", after a short float32 training on a
 deterministic task so greedy choices are not rounding-level ties. Both decode greedily; the tokens must be
@@ -42,6 +43,9 @@ def successor_batch(key: jax.Array, batch: int, length: int) -> jax.Array:
 
 
 FAMILIES = {"llama": models.llama, "qwen3": models.qwen3}
+# Qwen3's head_dim is 128, as the real models': the attention-input kernel serves it.
+HEADS = {"llama": dict(n_heads=4, n_kv_heads=2, head_dim=64),
+         "qwen3": dict(n_heads=2, n_kv_heads=1, head_dim=128)}
 
 
 def build(impl: str, train_steps: int,
@@ -51,8 +55,8 @@ def build(impl: str, train_steps: int,
     A random model's logits sit within bf16 rounding of each other, so greedy
     ties would flip on rounding alone; a trained model's margins do not.
     """
-    cfg = FAMILIES[family](vocab_size=VOCAB, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
-                       head_dim=64, d_ff=512, impl="xla")
+    cfg = FAMILIES[family](vocab_size=VOCAB, d_model=256, n_layers=2, d_ff=512, impl="xla",
+                           **HEADS[family])
     model = models.Transformer(cfg, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
     for step in range(train_steps):

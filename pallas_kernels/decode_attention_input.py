@@ -36,11 +36,12 @@ from pallas_kernels.decode_config import EPI_N, MAX_ROWS, DecodeConfig, check_sh
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.row_stats import safe_rsqrt
 
-__all__ = ["attention_input_config", "constants_bytes", "decode_attention_input", "rope_tables"]
+__all__ = ["HEAD_DIMS", "attention_input_config", "constants_bytes", "decode_attention_input", "rope_tables"]
 
 Array = jax.Array
 # Two [64, hd/2] float32 accumulators: hd/2 <= 128 columns fit the MMA warpgroup's registers.
 HALVES = (64, 128)
+HEAD_DIMS = tuple(2 * half for half in HALVES)
 
 
 def rope_tables(positions: Array, inv_freq: np.ndarray | Array) -> tuple[Array, Array]:

@@ -7,6 +7,7 @@
 #   ONLY=gated,residual KERNELS_LIMIT=120 bash scripts/h200.sh kernels decode-box post-after parity
 #   GROUPS_LIMIT=100 bash scripts/h200.sh decode-groups      # the decode MLP-input group vs XLA
 #   ONLY="decode attention input" bash scripts/h200.sh kernels decode-attention  # its checks, bench
+#   ATTN_ARGS="--rows 1,8" RUN_COMMIT=abc1234 bash scripts/h200.sh decode-attention attention-table
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
@@ -64,7 +65,13 @@ for name in "$@"; do
         --run-command "python -m bench.decode_groups --budget-s $(( ${GROUPS_LIMIT:-120} - 20 ))"
       cp jaxnorm/backends/decode_gated_measured.py "$WORK/" ;;
     decode-attention) stage decode_attention "${ATTN_LIMIT:-220}" python3 -m bench.decode_attention_bench \
-                        --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) --out "$WORK/decode_attention" ;;
+                        --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) --out "$WORK/decode_attention" \
+                        ${ATTN_ARGS:-} ;;
+    attention-table)  # after decode-attention: its ratios become dispatch's table, here
+      stage attention_table 30 python3 -m bench.decode_attention_bench --write-table \
+        "$WORK/decode_attention/decode-attention.json" --run-commit "${RUN_COMMIT:-unknown}" \
+        --run-command "python -m bench.decode_attention_bench --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) ${ATTN_ARGS:-}"
+      cp jaxnorm/backends/decode_attention_measured.py "$WORK/" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped

@@ -22,6 +22,7 @@ import jaxnorm
 from jaxnorm import nnx as jnnx
 from jaxnorm.row_stats import RowStats
 from jaxnorm.models.config import ModelConfig, RopeScaling
+from pallas_kernels.decode_attention_input import HEAD_DIMS as KERNEL_HEAD_DIMS
 
 Array = jax.Array
 
@@ -124,9 +125,11 @@ def gated_mlp_input(cfg: ModelConfig, mlp_in: nnx.Module, x: Array,
 def fuses_attention_input(cfg: ModelConfig) -> bool:
     """Whether the attention input is one op (`jaxnorm.rms_norm_attention_input`): a fused
     model with input norms, per-head QK-norm rounded as `jaxnorm.rms_norm` rounds it (not
-    hf_llama's convention) and no q/k/v biases."""
+    hf_llama's convention), no q/k/v biases and a head_dim its kernel serves (else the
+    unfused ops, whatever `impl` forces)."""
     return (cfg.fused and cfg.pre_norms and cfg.qk_norm and cfg.qk_norm_over == "head"
-            and cfg.norm_convention != "hf_llama" and not cfg.qkv_bias)
+            and cfg.norm_convention != "hf_llama" and not cfg.qkv_bias
+            and cfg.head_dim in KERNEL_HEAD_DIMS)
 
 
 def attention_input(cfg: ModelConfig, attn_in: nnx.Module, attn: nnx.Module, x: Array,
