@@ -5,7 +5,8 @@ At decode (M <= 64 rows on Hopper) this is one Mosaic launch
 (`pallas_kernels.decode_attention_input`: the input norm's row scale, the three products,
 per-head QK-norm and RoPE in the epilogue) where the nearest measured shape had it at or
 under `DECODE_MAX_RATIO` of stock's time (jaxnorm/backends/decode_attention_measured.py).
-Everywhere else it is exactly what the unfused layers compute, op by op:
+Everywhere else (under any `impl`, also at more than 64 rows, where the kernel does not
+apply) it is exactly what the unfused layers compute, op by op:
 `rms_norm_dense` for q/k/v (which may itself pick the pre-norm GEMM at prefill), then
 `rms_norm` of each head and rotate-half RoPE, so falling back runs the graph the model ran
 before this op existed.
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 
 from jaxnorm import _checks, dispatch, ops, row_stats
 from jaxnorm.row_stats import RowStats
+from pallas_kernels.decode_config import MAX_ROWS
 
 __all__ = ["OP", "rms_norm_attention_input"]
 
@@ -156,7 +158,7 @@ def rms_norm_attention_input(
             jnp.asarray(q_scale), jnp.asarray(k_scale), *tables, stats)
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
-    if chosen == "xla":
+    if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`
         outs = _composition(*args, **kwargs, impl=impl)
     else:
         outs = _kernel(_Static(head_dim, eps, qk_eps, scale_offset, chosen), args)

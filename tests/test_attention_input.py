@@ -103,6 +103,18 @@ def test_kernel_gradient_is_the_xla_formulations(rng):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
+def test_prefill_rows_run_the_unfused_ops_under_an_explicit_impl(rng, monkeypatch):
+    """Past 64 rows the kernel does not apply: impl='interpret' runs each unfused op with it."""
+    seen = []
+    real = jaxnorm.ops.rms_norm_dense
+    monkeypatch.setattr(jaxnorm.ops, "rms_norm_dense",
+                        lambda *a, **k: seen.append(k["impl"]) or real(*a, **k))
+    a = _inputs(rng, (2, 40), 128, 2, 1, 128)
+    outs = _call(a, 128, "interpret")
+    assert seen == ["interpret"]
+    assert _judge(outs, a, 128) <= 1.0
+
+
 def test_automatic_dispatch_on_cpu_falls_back_with_a_reason(rng):
     a = _inputs(rng, (1, 1), 128, 2, 1, 128)
     want = _call(a, 128, "xla")
@@ -113,16 +125,17 @@ def test_automatic_dispatch_on_cpu_falls_back_with_a_reason(rng):
 
 
 TABLE = dict(PROVENANCE={"sms": 132},
-             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95), ((64, 1024, 16, 8, 128), 0.60, None)))
+             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95), ((1, 2048, 16, 8, 128), 0.60, None)))
 
 
 @pytest.mark.parametrize("m, k, heads, hd, folded, reason", [
     (1, 1024, 16, 128, True, None),  # measured 0.40x
-    (2, 1536, 16, 128, True, None),  # nearest (M = 1) within 2x in each
+    (1, 1536, 16, 128, True, None),  # nearest within 2x in each
+    (2, 1024, 16, 128, True, "did not finish"),  # past the model-verified rows
     (1, 1024, 16, 128, False, "measured 0.950x stock"),
-    (48, 1024, 16, 128, False, "is not measured"),
+    (1, 3072, 16, 128, False, "is not measured"),  # nearest: K 2048, unfolded not timed
     (1, 1024, 8, 256, True, "no measured shape"),  # another head_dim
-    (1, 4096, 16, 128, True, "no measured shape"),  # K 4x the measured
+    (1, 8192, 16, 128, True, "no measured shape"),  # K 4x the largest measured
     (65, 1024, 16, 128, True, "serves decode"),
 ])
 def test_the_kernel_runs_automatically_only_where_it_measured_faster(
