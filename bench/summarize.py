@@ -126,6 +126,11 @@ def _json_section(payload: Any) -> list[str]:
 
         return [model_suite.to_markdown(model_suite.from_json(payload),
                                         breakdown=payload.get("breakdown") is not None)]
+    if isinstance(payload, dict) and payload.get("rows") and {"preset", "m", "variants"} <= set(
+            payload["rows"][0]):  # bench/decode_attention_bench.py
+        from bench import decode_attention_bench
+
+        return [report.to_markdown(decode_attention_bench.table(payload["rows"]))]
     if isinstance(payload, list):
         return records_table(payload)
     header = {k: v for k, v in payload.items() if _scalar(v)}
