@@ -288,6 +288,8 @@ def test_guide_snippets_run():
     namespace: dict = {}
     exec(compile("\n".join(blocks), str(guide), "exec"), namespace)
     assert [a.shape[-1] for a in (namespace["q"], namespace["k"])] == [64, 64]
+    assert [a.shape for a in (namespace["q_rot"], namespace["k_rot"], namespace["v_rot"])] == [
+        (2, 16, 256), (2, 16, 128), (2, 16, 128)]
     assert namespace["y_dot"].shape == (4, 64)
 
 
