@@ -237,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         parser, str(TABLE_PATH), "python -m bench.decode_attention_bench")
     args = parser.parse_args(argv)
     if args.write_table:
-        print(decode_table_writer.write_attention_table(
-            args.write_table, TABLE_PATH, command=args.run_command, commit=args.run_commit))
+        print(decode_table_writer.write_source(
+            decode_table_writer.attention_table_source, args.write_table, TABLE_PATH,
+            command=args.run_command, commit=args.run_commit))
         return 0
     unknown = set(args.presets) - {p.name for p in PRESETS}
     if unknown:

@@ -220,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         parser, "jaxnorm/backends/decode_gated_measured.py", "python -m bench.decode_groups")
     args = parser.parse_args(argv)
     if args.write_table:
-        print(decode_table_writer.write_gated_table(args.write_table, TABLE_PATH,
-                                                    command=args.run_command,
-                                                    commit=args.run_commit))
+        print(decode_table_writer.write_source(
+            decode_table_writer.gated_table_source, args.write_table, TABLE_PATH,
+            command=args.run_command, commit=args.run_commit))
         return 0
     if args.smoke:
         use_interpreter_safe_xla_flags()  # before jax computes anything

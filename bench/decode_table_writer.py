@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,28 @@ def write_table(results: Sequence[Path], table: Path, *, command: str, commit: s
     return table
 
 
+def _ratio(ratio: float | None) -> str:
+    return "None" if ratio is None else f"{ratio:.3f}"
+
+
+def _gpu_rows(docs: Sequence[dict[str, Any]]):
+    """Every row of the runs, in order (a later run's row of one shape wins)."""
+    for doc in docs:
+        if doc.get("smoke"):
+            raise ValueError("results: a table needs a GPU run, not --smoke")
+        yield from doc["rows"]
+
+
+def _ratios_module(docstring: str | None, docs: Sequence[dict[str, Any]], command: str,
+                   commit: str, fields: str, entry_type: str, entries: list[str]) -> str:
+    """A measured-ratios table module: docstring, PROVENANCE, then ENTRIES one per line."""
+    lines = _header(docstring, docs, command, commit)
+    lines += [f"# ({fields}).", f"ENTRIES: tuple[{entry_type}, ...] = ("]
+    lines += [f"    {entry}," for entry in entries]
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
 def gated_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
     """jaxnorm/backends/decode_gated_measured.py's text from bench/decode_groups.py runs:
     per measured shape the model-picked kernel's ratio to stock, gain folded and unfolded
@@ -78,35 +100,19 @@ def gated_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str
     from jaxnorm.backends import decode_gated_measured
 
     entries: dict[tuple[int, int, int], tuple[str, float | None, float | None]] = {}
-    for doc in docs:
-        if doc.get("smoke"):
-            raise ValueError("results: a table needs a GPU run, not --smoke")
-        for row in doc["rows"]:
-            kernels = [e for e in row["variants"] if e["label"] not in decode_groups.BASELINES]
-            by_label = {e["label"]: e for e in row["variants"]}
-            # The first kernel entry is the config dispatch runs (the model's pick).
-            folded = kernels[0].get("vs_stock") if kernels else None
-            unfolded = by_label.get(decode_groups.UNFOLDED, {}).get("vs_stock")
-            entries[tuple(row["shape"])] = row["activation"], folded, unfolded
-    lines = _header(decode_gated_measured.__doc__, docs, command, commit)
-    lines += ["# ((M, K, d_ff), activation, kernel / stock with the gain folded, unfolded).",
-              "ENTRIES: tuple[tuple[tuple[int, int, int], str, float | None, float | None], "
-              "...] = ("]
-
-    def fmt(ratio: float | None) -> str:
-        return "None" if ratio is None else f"{ratio:.3f}"
-
-    for shape, (activation, folded, unfolded) in entries.items():
-        lines.append(f"    ({shape!r}, {activation!r}, {fmt(folded)}, {fmt(unfolded)}),")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
-
-
-def write_gated_table(results: Sequence[Path], table: Path, *, command: str,
-                      commit: str) -> Path:
-    table.write_text(gated_table_source([json.loads(p.read_text()) for p in results],
-                                        command, commit))
-    return table
+    for row in _gpu_rows(docs):
+        kernels = [e for e in row["variants"] if e["label"] not in decode_groups.BASELINES]
+        by_label = {e["label"]: e for e in row["variants"]}
+        # The first kernel entry is the config dispatch runs (the model's pick).
+        folded = kernels[0].get("vs_stock") if kernels else None
+        unfolded = by_label.get(decode_groups.UNFOLDED, {}).get("vs_stock")
+        entries[tuple(row["shape"])] = row["activation"], folded, unfolded
+    return _ratios_module(
+        decode_gated_measured.__doc__, docs, command, commit,
+        "(M, K, d_ff), activation, kernel / stock with the gain folded, unfolded",
+        "tuple[tuple[int, int, int], str, float | None, float | None]",
+        [f"({shape!r}, {act!r}, {_ratio(folded)}, {_ratio(unfolded)})"
+         for shape, (act, folded, unfolded) in entries.items()])
 
 
 def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
@@ -116,33 +122,23 @@ def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit:
     from bench import decode_attention_bench as bench
     from jaxnorm.backends import decode_attention_measured
 
-    entries: dict[tuple[int, ...], tuple[float | None, float | None]] = {}
-    for doc in docs:
-        if doc.get("smoke"):
-            raise ValueError("results: a table needs a GPU run, not --smoke")
-        for row in doc["rows"]:
-            shape, by_label = row["shape"], {e["label"]: e for e in row["variants"]}
-            key = (row["m"], shape["d_model"], shape["n_heads"], shape["n_kv_heads"],
-                   shape["head_dim"])
-            entries[key] = tuple(by_label.get(label, {}).get("vs_stock")
-                                 for label in (bench.KERNEL, bench.UNFOLDED))
-    lines = _header(decode_attention_measured.__doc__, docs, command, commit)
-    lines += ["# ((M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, "
-              "unfolded).",
-              "ENTRIES: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None], "
-              "...] = ("]
-
-    def fmt(ratio: float | None) -> str:
-        return "None" if ratio is None else f"{ratio:.3f}"
-
-    for shape, (folded, unfolded) in entries.items():
-        lines.append(f"    ({shape!r}, {fmt(folded)}, {fmt(unfolded)}),")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
+    entries: dict[tuple[int, ...], tuple[float | None, ...]] = {}
+    for row in _gpu_rows(docs):
+        shape, by_label = row["shape"], {e["label"]: e for e in row["variants"]}
+        key = (row["m"], shape["d_model"], shape["n_heads"], shape["n_kv_heads"],
+               shape["head_dim"])
+        entries[key] = tuple(by_label.get(label, {}).get("vs_stock")
+                             for label in (bench.KERNEL, bench.UNFOLDED))
+    return _ratios_module(
+        decode_attention_measured.__doc__, docs, command, commit,
+        "(M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, unfolded",
+        "tuple[tuple[int, int, int, int, int], float | None, float | None]",
+        [f"({shape!r}, {_ratio(folded)}, {_ratio(unfolded)})"
+         for shape, (folded, unfolded) in entries.items()])
 
 
-def write_attention_table(results: Sequence[Path], table: Path, *, command: str,
-                          commit: str) -> Path:
-    table.write_text(attention_table_source([json.loads(p.read_text()) for p in results],
-                                            command, commit))
+def write_source(source: Callable[[Sequence[dict[str, Any]], str, str], str],
+                 results: Sequence[Path], table: Path, *, command: str, commit: str) -> Path:
+    """Write `source(runs' JSON, command, commit)` to `table`."""
+    table.write_text(source([json.loads(p.read_text()) for p in results], command, commit))
     return table

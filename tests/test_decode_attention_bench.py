@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench import decode_attention_bench as dab
+from bench import decode_table_writer
 
 
 def test_smoke_run_checks_times_and_reports(tmp_path):
@@ -40,3 +41,24 @@ def test_stock_matches_the_float64_attention_input(preset):
     # RoPE moved the values: q is not the unrotated QK-norm output.
     unrotated = dab.stock(a._replace(positions=0 * a.positions), p)[0]
     assert not np.allclose(np.asarray(outs[0], np.float32), np.asarray(unrotated, np.float32))
+
+
+def test_the_table_module_holds_each_shapes_ratios():
+    """--write-table: per (M, K, heads, kv heads, head_dim) both kernels' ratios to stock, None
+    where a variant was not timed; a later run's row of one shape wins."""
+    shape = dict(name="qwen3-0.6b", d_model=1024, n_heads=16, n_kv_heads=8, head_dim=128)
+    timed = [dict(label=dab.KERNEL, vs_stock=0.4), dict(label=dab.UNFOLDED, vs_stock=0.45),
+             dict(label=dab.STOCK, vs_stock=1.0)]
+    env = dict(date_utc="2026-12-02", devices=["NVIDIA H200"])
+    first = dict(environment=env, sms=132, rows=[dict(preset="q", m=1, shape=shape,
+                                                      variants=timed)])
+    later = dict(environment=env, sms=132, rows=[
+        dict(preset="q", m=1, shape=shape, variants=[dict(timed[0], vs_stock=0.39)]),
+        dict(preset="q", m=8, shape=shape, variants=timed)])
+    namespace: dict = {}
+    exec(decode_table_writer.attention_table_source([first, later], "cmd", "abc"), namespace)
+    assert namespace["PROVENANCE"]["commit"] == "abc" and namespace["PROVENANCE"]["sms"] == 132
+    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.39, None),
+                                    ((8, 1024, 16, 8, 128), 0.4, 0.45))
+    with pytest.raises(ValueError, match="--smoke"):
+        decode_table_writer.attention_table_source([dict(first, smoke=True)], "cmd", "abc")
