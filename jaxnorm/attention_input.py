@@ -86,7 +86,7 @@ def _kernel(s: _Static, args: tuple):
 
 
 def _kernel_fwd(s: _Static, args: tuple):
-    return _kernel(s, args), args
+    return dispatch.call(OP, s.impl, *args, **s.kwargs()), args
 
 
 def _kernel_bwd(s: _Static, args: tuple, cotangents):
@@ -125,7 +125,7 @@ def rms_norm_attention_input(
     `impl`: None (automatic), "xla", "mosaic" or "interpret".
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
-    qk_eps, _ = _checks.check_scalars(qk_eps, 0.0)
+    qk_eps = _checks.check_scalars(qk_eps, scale_offset)[0]  # validated as an eps is
     k = _checks.check_activation("x", x)
     _checks.check_impl(impl)
     if head_dim <= 0 or head_dim % 2:
