@@ -11,15 +11,12 @@ apply) it is exactly what the unfused layers compute, op by op:
 `rms_norm` of each head and rotate-half RoPE, so falling back runs the graph the model ran
 before this op existed.
 
-Differentiation: the kernel is paired with the backward of that composition (impl="xla"),
-as `jaxnorm.given_statistics` pairs its kernel: decode is inference, and a training step's
-M is never a decode shape.
+Differentiation: the kernel is paired with the backward of that composition (impl="xla";
+`dispatch.call_with_xla_backward`, as `jaxnorm.given_statistics` pairs its kernel): decode
+is inference, and a training step's M is never a decode shape.
 """
 
 from __future__ import annotations
-
-import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,23 +32,11 @@ ArrayLike = jax.typing.ArrayLike
 OP = "rms_norm_attention_input"
 
 
-class _Static(NamedTuple):
-    head_dim: int
-    eps: float
-    qk_eps: float
-    scale_offset: float
-    impl: str
-
-    def kwargs(self) -> dict:
-        return dict(head_dim=self.head_dim, eps=self.eps, qk_eps=self.qk_eps,
-                    scale_offset=self.scale_offset)
-
-
 def rotate_half(h: Array, cos: Array, sin: Array) -> Array:
-    """RoPE of h [M, H, hd] with per-row tables [M, hd/2], in float32, cast back
-    (`jaxnorm.models.layers.rope`'s arithmetic)."""
+    """Rotate-half RoPE of h [..., H, hd] with tables [..., hd/2] (one per row, shared by
+    the heads), in float32, cast back to h's dtype (Llama layout)."""
     h1, h2 = jnp.split(h.astype(jnp.float32), 2, axis=-1)
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = cos[..., None, :], sin[..., None, :]
     return jnp.concatenate([h1 * c - h2 * s, h2 * c + h1 * s], axis=-1).astype(h.dtype)
 
 
@@ -78,23 +63,6 @@ def _xla(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats=None, *, hea
     return _composition(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats,
                         head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset,
                         impl="xla")
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _kernel(s: _Static, args: tuple):
-    return dispatch.call(OP, s.impl, *args, **s.kwargs())
-
-
-def _kernel_fwd(s: _Static, args: tuple):
-    return dispatch.call(OP, s.impl, *args, **s.kwargs()), args
-
-
-def _kernel_bwd(s: _Static, args: tuple, cotangents):
-    _, vjp = jax.vjp(lambda a: _xla(*a, **s.kwargs()), args)
-    return vjp(cotangents)
-
-
-_kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 def rms_norm_attention_input(
@@ -161,5 +129,5 @@ def rms_norm_attention_input(
     if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`
         outs = _composition(*args, **kwargs, impl=impl)
     else:
-        outs = _kernel(_Static(head_dim, eps, qk_eps, scale_offset, chosen), args)
+        outs = dispatch.call_with_xla_backward(OP, chosen, *args, **kwargs)
     return tuple(o.reshape(*lead, o.shape[-1]) for o in outs)

@@ -148,6 +148,30 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
 
 
+def call_with_xla_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
+    """`call(op, impl, ...)` differentiated as the xla implementation: JAX's VJP of it, which
+    recomputes what it needs, so a forward-only kernel serves under autodiff. kwargs are
+    static (hashable)."""
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _with_xla_vjp(op: str, impl: str, kwargs: tuple, args: tuple) -> Any:
+    return call(op, impl, *args, **dict(kwargs))
+
+
+def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, args: tuple):
+    return call(op, impl, *args, **dict(kwargs)), args
+
+
+def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, args: tuple, cotangents):
+    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), args)
+    return vjp(cotangents)
+
+
+_with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
+
+
 def _fell_back(op: str, reason: str) -> None:
     if _CHOICES.get(op) != ("xla", reason):
         logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)

@@ -16,43 +16,12 @@ them. impl="xla" keeps the given-statistics formulation.
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import jax
 
 from jaxnorm import dispatch
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
-
-
-class _Static(NamedTuple):
-    op: str
-    impl: str
-    eps: float
-    scale_offset: float
-
-
-def _call(s: _Static, impl: str, args: tuple):
-    return dispatch.call(s.op, impl, *args, eps=s.eps, scale_offset=s.scale_offset)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _given(s: _Static, args: tuple):
-    return _call(s, s.impl, args)
-
-
-def _given_fwd(s: _Static, args: tuple):
-    return _call(s, s.impl, args), args
-
-
-def _given_bwd(s: _Static, args: tuple, cotangents):
-    _, vjp = jax.vjp(lambda a: _call(s, "xla", a), args)
-    return vjp(cotangents)
-
-
-_given.defvjp(_given_fwd, _given_bwd)
 
 
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
@@ -62,12 +31,12 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     op = f"{kind}_norm_dense"
     params = (scale,) if kind == "rms" else (scale, norm_bias)
     args = (x, *params, kernels, biases, stats)
-    chosen = dispatch.resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
-    s = _Static(op, chosen, eps, scale_offset)
+    kwargs = dict(eps=eps, scale_offset=scale_offset)
+    chosen = dispatch.resolve(op, impl, *args, **kwargs)
     if impl is None and chosen == "xla":
         # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
         # unused and XLA drops their producer's reduction (fewer kernels than applying them).
-        return _call(s, "xla", args[:-1])
+        return dispatch.call(op, "xla", *args[:-1], **kwargs)
     if chosen == "xla":
-        return _call(s, "xla", args)  # plain JAX: the given-statistics formulation
-    return _given(s, args)
+        return dispatch.call(op, "xla", *args, **kwargs)  # the given-statistics formulation
+    return dispatch.call_with_xla_backward(op, chosen, *args, **kwargs)

@@ -14,6 +14,7 @@ from jaxnorm import dispatch, row_stats
 from jaxnorm.backends import mosaic_attention_input as mai
 from jaxnorm.models import layers
 from kernel_checks import assert_race_free
+from pallas_kernels import hardware
 from verify import rope as vr
 
 BF16 = jnp.bfloat16
@@ -142,7 +143,7 @@ def test_the_kernel_runs_automatically_only_where_it_measured_faster(
         monkeypatch, m, k, heads, hd, folded, reason):
     for name, value in TABLE.items():
         monkeypatch.setattr(mai.decode_attention_measured, name, value)
-    monkeypatch.setattr(mai.hardware, "num_sms", lambda: 132)
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((m, k), BF16), s((k, heads * hd), BF16), s((k, heads // 2 * hd), BF16)
     got = mai._not_measured_faster(x, None if folded else s((k,), BF16), w_q, w_kv, w_kv,

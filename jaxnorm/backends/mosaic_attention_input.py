@@ -10,16 +10,14 @@ backward of the unfused composition.
 
 from __future__ import annotations
 
-import math
-
 import jax
 
 from jaxnorm import row_stats
 from jaxnorm.attention_input import OP
 from jaxnorm.backends import decode_attention_measured
-from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check
-from jaxnorm.dispatch import Unsupported, decline_automatic, register
-from pallas_kernels import decode_attention_input, hardware
+from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check, nearest_measured
+from jaxnorm.dispatch import decline_automatic, register
+from pallas_kernels import decode_attention_input
 from pallas_kernels.decode_config import MAX_ROWS
 
 Array = jax.Array
@@ -36,9 +34,6 @@ def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Arr
                              eps: float, qk_eps: float, scale_offset: float,
                              interpret: bool) -> tuple[Array, Array, Array]:
     x = _check(x, (w_q, w_k, w_v), OP, interpret)
-    if x.shape[0] > MAX_ROWS:
-        raise Unsupported(f"M={x.shape[0]} > {MAX_ROWS}: the attention-input kernel is a "
-                          "decode kernel")
     return decode_attention_input.decode_attention_input(
         x, (w_q, w_k, w_v), head_dim=head_dim, q_gain=q_scale, k_gain=k_scale, cos=cos,
         sin=sin, qk_eps=qk_eps, qk_offset=scale_offset, eps=eps, scale=scale,
@@ -49,16 +44,11 @@ def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Arr
 
 def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int):
     """The measured entry of this head_dim within 2x of (M, K, q/k/v width), nearest in log2."""
-    if decode_attention_measured.PROVENANCE.get("sms") != hardware.num_sms():
-        return None
-    here = [math.log2(d) for d in (m, k, (heads + 2 * kv_heads) * head_dim)]
-    near = []
-    for shape, folded, unfolded in decode_attention_measured.ENTRIES:
-        em, ek, eh, ekv, ehd = shape
-        there = [math.log2(d) for d in (em, ek, (eh + 2 * ekv) * ehd)]
-        if ehd == head_dim and all(abs(a - b) <= 1 for a, b in zip(here, there)):
-            near.append((math.dist(here, there), (shape, folded, unfolded)))
-    return min(near)[1] if near else None
+    return nearest_measured(
+        decode_attention_measured.PROVENANCE, (m, k, (heads + 2 * kv_heads) * head_dim),
+        (((em, ek, (eh + 2 * ekv) * ehd), ((em, ek, eh, ekv, ehd), folded, unfolded))
+         for (em, ek, eh, ekv, ehd), folded, unfolded in decode_attention_measured.ENTRIES
+         if ehd == head_dim))
 
 
 @decline_automatic(OP)
@@ -71,7 +61,7 @@ def _not_measured_faster(x, scale, w_q, w_k, w_v, *args, head_dim: int, **kwargs
         return f"{where}: the attention-input kernel serves decode (M <= {MAX_ROWS})"
     if m > MODEL_VERIFIED_ROWS:
         return (f"{where}: a model decode step through the attention-input kernel at M = 8 "
-                "did not finish on the H200 (bench/results/2026-12-02-decode-attention); "
+                "did not finish on the H200 (bench/results/2026-12-01-decode, logs.txt); "
                 f"automatic dispatch takes it at M <= {MODEL_VERIFIED_ROWS} until that is "
                 "understood; impl='mosaic' forces it")
     entry = _nearest_entry(m, k, heads, kv_heads, head_dim)

@@ -8,6 +8,9 @@ supplies a pure-JAX backward.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -120,6 +123,22 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
 # made the decode step 1.022x stock's in both rounds (4793b0f), while M = 1 launches at
 # 0.32-0.47x took the step to 0.779-0.794x (bench/results/2026-12-01-decode).
 DECODE_MAX_RATIO = 0.9
+
+
+def nearest_measured(provenance: dict, point: Sequence[int],
+                     entries: Iterable[tuple[Sequence[int], tuple]]) -> tuple | None:
+    """Of a measured table's (dimensions, entry) pairs, the entry within 2x of `point` in
+    every dimension and nearest it in log2 (ties: the smaller entry[0]); None where there is
+    none or the table was measured on a GPU with another SM count."""
+    if provenance.get("sms") != hardware.num_sms():
+        return None
+    here = [math.log2(d) for d in point]
+    near = []
+    for dims, entry in entries:
+        there = [math.log2(d) for d in dims]
+        if all(abs(a - b) <= 1 for a, b in zip(here, there)):
+            near.append((math.dist(here, there), entry))
+    return min(near, key=lambda e: (e[0], e[1][0]))[1] if near else None
 
 
 def decode_not_faster(x: Array, kernels: tuple[Array, ...]) -> str | None:

@@ -10,16 +10,14 @@ custom_vjp supplies a pure-JAX backward.
 
 from __future__ import annotations
 
-import math
-
 import jax
 
 from jaxnorm import row_stats
 from jaxnorm.backends import decode_gated_measured
-from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check
+from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check, nearest_measured
 from jaxnorm.backends.xla_gated import OP
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import decode_gated, gated_matmul, hardware
+from pallas_kernels import decode_gated, gated_matmul
 
 Array = jax.Array
 
@@ -48,13 +46,10 @@ MIN_MEASURED_ROWS = 4096
 
 def _nearest_decode_entry(m: int, k: int, n: int):
     """The decode_gated_measured entry within 2x of (M, K, d_ff) in each, nearest in log2."""
-    if decode_gated_measured.PROVENANCE.get("sms") != hardware.num_sms():
-        return None
-    here = [math.log2(d) for d in (m, k, n)]
-    near = [(math.dist(here, [math.log2(d) for d in shape]), (shape, folded, unfolded))
-            for shape, _, folded, unfolded in decode_gated_measured.ENTRIES
-            if all(abs(math.log2(d) - h) <= 1 for d, h in zip(shape, here))]
-    return min(near)[1] if near else None
+    return nearest_measured(
+        decode_gated_measured.PROVENANCE, (m, k, n),
+        ((shape, (shape, folded, unfolded))
+         for shape, _, folded, unfolded in decode_gated_measured.ENTRIES))
 
 
 def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str | None:

@@ -20,6 +20,7 @@ from flax.typing import Initializer
 
 import jaxnorm
 from jaxnorm import nnx as jnnx
+from jaxnorm.attention_input import rotate_half
 from jaxnorm.row_stats import RowStats
 from jaxnorm.models.config import ModelConfig, RopeScaling
 from pallas_kernels.decode_attention_input import HEAD_DIMS as KERNEL_HEAD_DIMS
@@ -218,9 +219,7 @@ def rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
     """Rotary embedding of x [B, T, H, D] at positions [T] (or per row, [B, T]), rotating
     halves (Llama layout)."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [(B,) T, D/2]
-    sin, cos = jnp.sin(angles)[..., None, :], jnp.cos(angles)[..., None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+    return rotate_half(x, jnp.cos(angles), jnp.sin(angles))
 
 
 def softcap(x: Array, cap: float | None) -> Array:
