@@ -233,11 +233,18 @@ def breakdown(kernels: list[tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+def _by_name(kernels: list[tuple[str, float]]) -> dict[str, tuple[int, float]]:
+    """Per kernel name: (launches, time summed over them)."""
+    totals: dict[str, tuple[int, float]] = {}
+    for name, us in kernels:
+        count, total = totals.get(name, (0, 0.0))
+        totals[name] = (count + 1, total + us)
+    return totals
+
+
 def _top(kernels: list[tuple[str, float]], n: int) -> list[tuple[str, float]]:
     """The n kernel names with the most time per step, each name's launches summed."""
-    totals: dict[str, float] = {}
-    for name, us in kernels:
-        totals[name] = totals.get(name, 0.0) + us
+    totals = {name: us for name, (_, us) in _by_name(kernels).items()}
     return sorted(totals.items(), key=lambda kv: -kv[1])[:n]
 
 
@@ -260,7 +267,7 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
     t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
     kernels = [(name, us / per_step) for name, us in t.kernels]
     if detail is not None:
-        _write_detail(detail, fn, arg_sets[0], kernels, len(t.kernels) // max(1, t.copies))
+        _write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
     return {
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
@@ -271,20 +278,17 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
     }
 
 
-def _write_detail(path: Path, fn: Callable, args: tuple, kernels: list[tuple[str, float]],
+def _write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],
                   per_call: int) -> None:
-    """Every kernel name's launches and time per step, and XLA's optimized HLO, so a cell's
-    gap can be traced to the fusions behind it (`--detail`)."""
+    """Every kernel name's launches and time per step, and the optimized HLO of the timed
+    program (its fusion names are the kernel names), so a cell's gap can be traced to the
+    fusions behind it (`--detail`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    totals: dict[str, list[float]] = {}
-    for name, us in kernels:
-        entry = totals.setdefault(name, [0, 0.0])
-        entry[0] += 1
-        entry[1] += us
-    rows = sorted(([n, c, us] for n, (c, us) in totals.items()), key=lambda r: -r[2])
+    rows = sorted(([name, count, us] for name, (count, us) in _by_name(kernels).items()),
+                  key=lambda r: -r[2])
     path.parent.joinpath(path.name + ".kernels.json").write_text(json.dumps(
         {"launches_per_call": per_call, "kernels": rows}, indent=0))
-    path.parent.joinpath(path.name + ".hlo.txt").write_text(jax.jit(fn).lower(*args).compile().as_text())
+    path.parent.joinpath(path.name + ".hlo.txt").write_text(timing.measured_hlo(fn, arg_sets))
 
 
 def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
@@ -323,8 +327,8 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                 for variant, model in variants.items():
                     console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
                     _, arg_sets = case(model)
-                    where = None if detail is None or r else (
-                        detail / f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}")
+                    label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
+                    where = None if detail is None or r else detail / label
                     results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
                                                 per_step, where)
                     del arg_sets

@@ -72,6 +72,12 @@ def _run_all(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(lambda sets: [fn(*args) for args in sets])
 
 
+def measured_hlo(fn: Callable[..., Any], arg_sets: Sequence[Args]) -> str:
+    """XLA's optimized HLO of the program `measure` times with CUPTI (fn over every copy in
+    one call): its fusion names are the kernel names CUPTI reports."""
+    return _run_all(fn).lower(list(arg_sets)).compile().as_text()
+
+
 @functools.lru_cache(maxsize=64)
 def _jitted(fn: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(fn)

@@ -43,6 +43,26 @@ def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
     assert summarize._json_section(payload)[0] == table
 
 
+def test_detail_writes_each_variants_kernels_and_its_timed_program(tmp_path):
+    """--detail, round 1 only: per variant the kernels by name (here none: no CUPTI on CPU)
+    and the HLO of the program the kernels were timed in (both copies in one call)."""
+    ms.run([ms.QUICK], rounds=2, repeats=1, warmup=0, phases=("prefill",), out=tmp_path,
+           detail=tmp_path / "detail")
+    names = sorted(p.name for p in (tmp_path / "detail").iterdir())
+    assert names == sorted(f"tiny-prefill-{v}.{kind}" for v in ms.VARIANTS
+                           for kind in ("kernels.json", "hlo.txt"))
+    kernels = json.loads((tmp_path / "detail" / "tiny-prefill-stock.kernels.json").read_text())
+    assert kernels == {"launches_per_call": 0, "kernels": []}
+    hlo = (tmp_path / "detail" / "tiny-prefill-stock.hlo.txt").read_text()
+    assert hlo.startswith("HloModule") and "ENTRY" in hlo
+
+
+def test_kernels_by_name_sum_each_names_launches():
+    kernels = [("gemm_a", 2.0), ("fusion_1", 0.5), ("gemm_a", 3.0)]
+    assert ms._by_name(kernels) == {"gemm_a": (2, 5.0), "fusion_1": (1, 0.5)}
+    assert ms._top(kernels, 1) == [("gemm_a", 5.0)]
+
+
 def test_train_step_reaches_every_parameter():
     """One AdamW step: a finite loss, and every parameter's first moment (its gradient
     scaled by 1 - b1) is non-zero (bf16 weights may not move visibly in one step)."""
