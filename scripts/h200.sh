@@ -8,6 +8,7 @@
 #   GROUPS_LIMIT=100 bash scripts/h200.sh decode-groups      # the decode MLP-input group vs XLA
 #   ONLY="decode attention input" bash scripts/h200.sh kernels decode-attention  # its checks, bench
 #   ATTN_ARGS="--rows 1,8" RUN_COMMIT=abc1234 bash scripts/h200.sh decode-attention attention-table
+#   ATTN_PRIOR=bench/results/2026-12-01-decode/decode-attention.json ...  # keep earlier runs' rows
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
@@ -67,8 +68,8 @@ for name in "$@"; do
     decode-attention) stage decode_attention "${ATTN_LIMIT:-220}" python3 -m bench.decode_attention_bench \
                         --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) --out "$WORK/decode_attention" \
                         ${ATTN_ARGS:-} ;;
-    attention-table)  # after decode-attention: its ratios become dispatch's table, here
-      stage attention_table 30 python3 -m bench.decode_attention_bench --write-table \
+    attention-table)  # after decode-attention: its ratios (over ATTN_PRIOR's runs) become dispatch's table
+      stage attention_table 30 python3 -m bench.decode_attention_bench --write-table ${ATTN_PRIOR:-} \
         "$WORK/decode_attention/decode-attention.json" --run-commit "${RUN_COMMIT:-unknown}" \
         --run-command "python -m bench.decode_attention_bench --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) ${ATTN_ARGS:-}"
       cp jaxnorm/backends/decode_attention_measured.py "$WORK/" ;;

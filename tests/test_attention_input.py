@@ -132,7 +132,8 @@ TABLE = dict(PROVENANCE={"sms": 132},
 @pytest.mark.parametrize("m, k, heads, hd, folded, reason", [
     (1, 1024, 16, 128, True, None),  # measured 0.40x
     (1, 1536, 16, 128, True, None),  # nearest within 2x in each
-    (2, 1024, 16, 128, True, "did not finish"),  # past the model-verified rows
+    (2, 1024, 16, 128, True, None),  # M 2: nearest M = 1 within 2x
+    (4, 1024, 16, 128, True, "no measured shape"),  # M 4x the nearest measured
     (1, 1024, 16, 128, False, "measured 0.950x stock"),
     (1, 3072, 16, 128, False, "is not measured"),  # nearest: K 2048, unfolded not timed
     (1, 1024, 8, 256, True, "no measured shape"),  # another head_dim

@@ -21,11 +21,6 @@ from pallas_kernels import decode_attention_input
 from pallas_kernels.decode_config import MAX_ROWS
 
 Array = jax.Array
-# The rows at which a whole model's decode step has run through the kernel on the H200:
-# Qwen3-0.6B at B = 1 (0.635x, 0.656x stock's kernel time); its B = 8 step did not finish
-# within 200 s (the kernel alone at M = 8 ran and was correct), cause not found.
-MODEL_VERIFIED_ROWS = 1
-
 
 @register(OP, "mosaic")
 def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
@@ -59,11 +54,6 @@ def _not_measured_faster(x, scale, w_q, w_k, w_v, *args, head_dim: int, **kwargs
     where = f"at {m}x{k}, {heads}/{kv_heads} heads of {head_dim}"
     if m > MAX_ROWS:
         return f"{where}: the attention-input kernel serves decode (M <= {MAX_ROWS})"
-    if m > MODEL_VERIFIED_ROWS:
-        return (f"{where}: a model decode step through the attention-input kernel at M = 8 "
-                "did not finish on the H200 (bench/results/2026-12-01-decode, logs.txt); "
-                f"automatic dispatch takes it at M <= {MODEL_VERIFIED_ROWS} until that is "
-                "understood; impl='mosaic' forces it")
     entry = _nearest_entry(m, k, heads, kv_heads, head_dim)
     if entry is None:
         return (f"{where} the attention-input kernel has no measured shape within 2x "
