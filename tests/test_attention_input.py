@@ -144,12 +144,33 @@ def test_the_kernel_runs_automatically_only_where_it_measured_faster(
         monkeypatch, m, k, heads, hd, folded, reason):
     for name, value in TABLE.items():
         monkeypatch.setattr(mai.decode_attention_measured, name, value)
+    monkeypatch.setattr(mai, "SLOWER_IN_THE_MODEL", {})
     monkeypatch.setattr(hardware, "num_sms", lambda: 132)
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((m, k), BF16), s((k, heads * hd), BF16), s((k, heads // 2 * hd), BF16)
     got = mai._not_measured_faster(x, None if folded else s((k,), BF16), w_q, w_kv, w_kv,
                                    head_dim=hd)
     assert got is None if reason is None else reason in got
+
+
+@pytest.mark.parametrize("folded, declined", [(True, True), (False, False)])
+def test_a_model_measured_slower_declines_where_the_op_measured_faster(
+        monkeypatch, folded, declined):
+    # Both gain modes measured fast alone; the model measured the folded one slower.
+    monkeypatch.setattr(mai.decode_attention_measured, "PROVENANCE", {"sms": 132})
+    monkeypatch.setattr(mai.decode_attention_measured, "ENTRIES",
+                        (((1, 1024, 16, 8, 128), 0.40, 0.50),))
+    monkeypatch.setattr(mai, "SLOWER_IN_THE_MODEL",
+                        {((1, 1024, 16, 8, 128), "folded"): "step 1.02x stock with it"})
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
+    s = jax.ShapeDtypeStruct
+    x, w_q, w_kv = s((1, 1024), BF16), s((1024, 16 * 128), BF16), s((1024, 8 * 128), BF16)
+    got = mai._not_measured_faster(x, None if folded else s((1024,), BF16), w_q, w_kv, w_kv,
+                                   head_dim=128)
+    if declined:
+        assert "made the model slower: step 1.02x stock with it" in got
+    else:
+        assert got is None
 
 
 @pytest.mark.parametrize("change, reason", [

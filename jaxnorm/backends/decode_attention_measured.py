@@ -11,11 +11,11 @@ by the gain first) as the call is. None: not timed. Regenerate rather than edit.
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_attention_bench --budget-s 170 --rows 1,8',
-    'date': '2026-12-02T00:32:03+00:00',
+    'command': 'python -m bench.decode_attention_bench --budget-s 170 --rows 1,8 (0a5ca5f); --budget-s 90 --presets gemma3-1b --rows 8 (d7f4da4)',
+    'date': '2026-12-02T03:01:07+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '0a5ca5f',
+    'commit': '0a5ca5f, d7f4da4',
 }
 
 # ((M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, unfolded).
@@ -25,4 +25,5 @@ ENTRIES: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None]
     ((1, 2560, 32, 8, 128), 0.469, 0.416),
     ((8, 2560, 32, 8, 128), 0.884, 0.801),
     ((1, 1152, 4, 1, 256), 0.656, 0.672),
+    ((8, 1152, 4, 1, 256), 1.242, 1.287),
 )
