@@ -305,9 +305,13 @@ def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
 
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
-        copies: int = 2, phases: tuple[str, ...] = PHASES, out: Path | None = None,
+        copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
         detail: Path | None = None, console: Console | None = None) -> list[Cell]:
     """Measure every cell: variants interleaved within a round, `rounds` rounds.
+
+    One copy of the inputs by default: a model's weights and cache exceed the L2 cache
+    alone, and one copy is timed as one program (bench/timing.py), so each variant
+    compiles once per cell; compiling dominated a cell's time with two copies.
 
     With `out`, the results so far are rewritten after every cell, so a run cut
     short keeps what it measured. With `detail`, round 1 also writes each variant's

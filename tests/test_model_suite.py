@@ -45,7 +45,7 @@ def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
 
 def test_detail_writes_each_variants_kernels_and_its_timed_program(tmp_path):
     """--detail, round 1 only: per variant the kernels by name (here none: no CUPTI on CPU)
-    and the HLO of the program the kernels were timed in (both copies in one call)."""
+    and the HLO of the program the kernels were timed in."""
     ms.run([ms.QUICK], rounds=2, repeats=1, warmup=0, phases=("prefill",), out=tmp_path,
            detail=tmp_path / "detail")
     names = sorted(p.name for p in (tmp_path / "detail").iterdir())
