@@ -23,6 +23,7 @@ import dataclasses
 import json
 import re
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,8 +264,12 @@ class Cell:
 
 
 def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int,
-             detail: Path | None = None) -> dict:
+             detail: Path | None = None, console: Console | None = None) -> dict:
+    start = time.perf_counter()
     t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
+    if console is not None:  # a long first call is compiling, not a stalled GPU
+        total = time.perf_counter() - start
+        console.print(f"    first call {t.first_call_s:.1f} s, all {total:.1f} s")
     kernels = [(name, us / per_step) for name, us in t.kernels]
     if detail is not None:
         _write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
@@ -334,7 +339,7 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                     label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
                     where = None if detail is None or r else detail / label
                     results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
-                                                per_step, where)
+                                                per_step, where, console)
                     del arg_sets
                 cell.rounds.append(results)
             cells.append(cell)

@@ -51,6 +51,8 @@ class Timing:
     copies: int = 1
     rotation_bytes: int = 0
     cupti_error: str | None = None
+    first_call_s: float = 0.0
+    """Seconds of the first call of every copy: compiling, where this process had not yet."""
 
     @property
     def best_us(self) -> float:
@@ -124,8 +126,10 @@ def measure(
 ) -> Timing:
     """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs)."""
     jitted = _jitted(fn)
+    start = time.perf_counter()
     for args in arg_sets:  # compile, and touch every copy once
         jax.block_until_ready(jitted(*args))
+    first_call_s = time.perf_counter() - start
     _wall_samples(jitted, arg_sets, warmup)
     wall = _wall_samples(jitted, arg_sets, repeats)
     kernel, kernels, error = _cupti(fn, arg_sets, repeats)
@@ -138,4 +142,5 @@ def measure(
         copies=len(arg_sets),
         rotation_bytes=sum(a.nbytes for a in jax.tree.leaves(arg_sets)),
         cupti_error=error,
+        first_call_s=first_call_s,
     )
