@@ -1,5 +1,6 @@
 """The attention input at decode (M <= 64) in one launch: RMSNorm(x) @ W_q, W_k, W_v, then
-per-head QK-norm of q and k and RoPE at each row's position, in the epilogue.
+per-head QK-norm of q and k (Qwen3, Gemma 3; none for Llama) and RoPE at each row's
+position, in the epilogue.
 
 Stock, this is the input norm, the q/k/v products, then XLA kernels for the two
 QK-norms and the two rotations. Here it is one launch of the weight-streaming kernel
@@ -10,8 +11,9 @@ stream 1 those of its second, so one MMA warpgroup's unit holds one whole head a
 Rotate-half RoPE is then elementwise
 between them (lo cos - hi sin, hi cos + lo sin: `jaxnorm.models.layers.rope`'s
 convention), and the head's sum of squares for QK-norm is a row reduction of
-lo^2 + hi^2 inside the warpgroup. cos and sin ([M, hd/2] float32, one row per
-position: `rope_tables`) and the QK-norm gains are staged into SMEM once per CTA.
+lo^2 + hi^2 inside the warpgroup (skipped without QK-norm gains). cos and sin ([M, hd/2]
+float32, one row per position: `rope_tables`) and the QK-norm gains are staged into SMEM
+once per CTA.
 Each half is stored back to its columns: q, k, v come out in the standard head layout.
 
 split_k is 1 (the norm needs a head's whole dot), so the heads are the parallelism:
@@ -71,7 +73,7 @@ def _config(m: int, k: int, heads: int, head_dim: int, sms: int, itemsize: int) 
 
 
 def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: DecodeConfig,
-           q_gain: Array, k_gain: Array, cos: Array, sin: Array) -> None:
+           q_gain: Array | None, k_gain: Array | None, cos: Array, sin: Array) -> None:
     """Unsupported (or ValueError for mismatched arguments) naming what is not served."""
     if hd // 2 not in HALVES or hd % 2:
         raise Unsupported(f"head_dim={hd} must be 128 or 256: each RoPE half is whole 64-column "
@@ -86,8 +88,10 @@ def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: Decod
                           f"{config.warpgroups}: must be head_dim/2 = {hd // 2}, 1 and 1 (a unit"
                           " holds one whole head; the norm is not linear in partial sums over K)")
     m = x.shape[0]
+    if (q_gain is None) != (k_gain is None):
+        raise ValueError("q_gain and k_gain: both (QK-norm) or neither (none)")
     for name, gain in (("q_gain", q_gain), ("k_gain", k_gain)):
-        if gain.shape != (hd,):
+        if gain is not None and gain.shape != (hd,):
             raise ValueError(f"{name} must be [head_dim={hd}]; got {gain.shape}")
     for name, table in (("cos", cos), ("sin", sin)):
         if table.shape != (m, hd // 2):
@@ -99,8 +103,8 @@ def decode_attention_input(
     weights: tuple[Array, Array, Array],
     *,
     head_dim: int,
-    q_gain: Array,
-    k_gain: Array,
+    q_gain: Array | None,
+    k_gain: Array | None,
     cos: Array,
     sin: Array,
     qk_eps: float = 1e-6,
@@ -113,7 +117,8 @@ def decode_attention_input(
     interpret: bool = False,
 ) -> tuple[Array, Array, Array]:
     """(q, k, v) = (RoPE(QKNorm(h_q)), RoPE(QKNorm(h_k)), h_v), h = RMSNorm(x; scale) @ W, in
-    x.dtype and the standard head layout ([M, heads * head_dim]).
+    x.dtype and the standard head layout ([M, heads * head_dim]); with q_gain and k_gain
+    None, no QK-norm: (RoPE(h_q), RoPE(h_k), h_v), as Llama computes it.
 
     x: [M, K] bf16/f16 with M <= 64; weights: (W_q, W_k, W_v), each [K, heads * head_dim] as
     stored (the folded W* when scale is None); per head QKNorm(h) =
@@ -135,13 +140,14 @@ def decode_attention_input(
     _check(x, weights, hd, config, q_gain, k_gain, cos, sin)
     x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
                                          row_scale=row_scale, eps=eps)
-    gains = [(g.astype(jnp.float32) + qk_offset) for g in (q_gain, k_gain)]
+    qk_norm = q_gain is not None
+    gains = [(g.astype(jnp.float32) + qk_offset) for g in (q_gain, k_gain)] if qk_norm else []
     plan = decode_kernel.Plan(
         n_tiles=tuple(pl.cdiv(h, config.warpgroups) for h in heads),
         x_box=decode_kernel.x_box_rows(m), has_bias=False,
         row_scale="given" if rows else "in_kernel", streams=2, eps=eps,
-        constants=((m, hd // 2), (m, hd // 2), (hd,), (hd,)),
-        epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps)),
+        constants=((m, hd // 2), (m, hd // 2)) + ((hd,), (hd,)) * qk_norm,
+        epilogue=_epilogue(hd, tuple(heads), config.warpgroups, float(qk_eps), qk_norm),
         head_halves=True)
     out_types = [jax.ShapeDtypeStruct((m, h * hd), x.dtype) for h in heads]
     halves = [w for w in weights for _ in range(2)]  # each weight once per stream
@@ -152,10 +158,11 @@ def decode_attention_input(
 
 
 @functools.cache
-def _epilogue(head_dim: int, heads: tuple[int, ...], warpgroups: int, qk_eps: float):
+def _epilogue(head_dim: int, heads: tuple[int, ...], warpgroups: int, qk_eps: float,
+              qk_norm: bool):
     """The unit epilogue (one per shape: stable plans): r h, then for q and k (outputs 0, 1)
-    QK-norm and RoPE, stored half by half to the head's columns; a head past the output's
-    last (two warpgroups, an odd count) stores nothing."""
+    QK-norm (where `qk_norm`) and RoPE, stored half by half to the head's columns; a head
+    past the output's last (two warpgroups, an odd count) stores nothing."""
     half = head_dim // 2
     epi_n = EPI_N[2]  # x.dtype is 2 bytes (bf16/f16): 64-column pieces
     col = plgpu.Layout.WGMMA.reduce(0)
@@ -172,7 +179,7 @@ def _epilogue(head_dim: int, heads: tuple[int, ...], warpgroups: int, qk_eps: fl
         if unit.scale is not None:
             lo, hi = lo * rows_of(unit.scale, lo.shape), hi * rows_of(unit.scale, hi.shape)
         rotate = unit.output < 2
-        if rotate:
+        if rotate and qk_norm:
             ssq = jnp.sum(lo * lo, axis=1) + jnp.sum(hi * hi, axis=1)
             s = safe_rsqrt(ssq * (1.0 / head_dim) + qk_eps)
             lo, hi = lo * rows_of(s, lo.shape), hi * rows_of(s, hi.shape)
@@ -186,12 +193,13 @@ def _epilogue(head_dim: int, heads: tuple[int, ...], warpgroups: int, qk_eps: fl
             for p in range(half // epi_n):
                 cols = slice(p * epi_n, (p + 1) * epi_n)
                 a, b = lo[:, cols], hi[:, cols]
-                if rotate:
+                if rotate and qk_norm:
                     gain = gain_smems[unit.output]
                     a = a * cols_of(plgpu.load(gain.at[pl.ds(p * epi_n, epi_n)], layout=col),
                                     a.shape)
                     b = b * cols_of(plgpu.load(gain.at[pl.ds(half + p * epi_n, epi_n)],
                                                layout=col), b.shape)
+                if rotate:
                     c = plgpu.load(cos_smem.at[:, cols], layout=plgpu.Layout.WGMMA)
                     sn = plgpu.load(sin_smem.at[:, cols], layout=plgpu.Layout.WGMMA)
                     a, b = a * c - b * sn, b * c + a * sn

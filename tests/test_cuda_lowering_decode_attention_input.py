@@ -23,15 +23,16 @@ PRESETS = [("qwen3-0.6b", 1024, 16, 8, 128, 0.0), ("qwen3-4b", 2560, 32, 8, 128,
 
 
 def _lower(m: int, d: int, n_q: int, n_kv: int, hd: int, qk_offset: float, *, gain: bool,
-           config: dc.DecodeConfig | None = None) -> None:
+           config: dc.DecodeConfig | None = None, qk_norm: bool = True) -> None:
     def fn(x, w_q, w_k, w_v, g, q_gain, k_gain, cos, sin):
         return dai.decode_attention_input(x, (w_q, w_k, w_v), head_dim=hd, q_gain=q_gain,
                                           k_gain=k_gain, cos=cos, sin=sin, qk_offset=qk_offset,
                                           scale=g, scale_offset=qk_offset, config=config)
 
     args = (S((m, d), BF16), S((d, n_q * hd), BF16), S((d, n_kv * hd), BF16),
-            S((d, n_kv * hd), BF16), S((d,), F32) if gain else None, S((hd,), F32),
-            S((hd,), F32), S((m, hd // 2), F32), S((m, hd // 2), F32))
+            S((d, n_kv * hd), BF16), S((d,), F32) if gain else None,
+            *(S((hd,), F32) if qk_norm else None for _ in range(2)),
+            S((m, hd // 2), F32), S((m, hd // 2), F32))
     with jax.sharding.use_abstract_mesh(H200):
         lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
@@ -55,3 +56,9 @@ def test_every_candidate_tile_lowers(hd):
     config = dc.deepest(dc.DecodeConfig(tile_n=hd // 2), 2, streams=2,
                         extra=dai.constants_bytes(hd))
     _lower(64, 2048, 16, 4, hd, 0.0, gain=False, config=config)
+
+
+@pytest.mark.parametrize("m, gain", [(1, False), (8, True)])
+def test_lowers_without_qk_norm_at_llama3_8b(m, gain):
+    """Llama-3-8B's attention input (32/8 heads of 128, no QK-norm): RoPE alone."""
+    _lower(m, 4096, 32, 8, 128, 0.0, gain=gain, qk_norm=False)

@@ -81,6 +81,21 @@ def test_decode_attention_input_matches_float64(case, rng):
     assert _judge(outs, inputs, hd, scale_offset=scale_offset, qk_offset=qk_offset) <= 1.0
 
 
+@pytest.mark.parametrize("m, hd, gain", [(1, 128, None), (7, 256, "plain"), (64, 128, None)])
+def test_without_qk_norm_rotates_the_products(m, hd, gain, rng):
+    """Llama's attention input: no QK-norm gains, q and k only rotated (the judge would
+    fail a kernel that still normalized the heads: their RMS here is about 4)."""
+    inputs = _inputs(rng, m, 192, 3, 1, hd, gain=gain, qk_offset=0.0)
+    inputs.update(q_gain=None, k_gain=None, w_q=4 * inputs["w_q"], w_k=4 * inputs["w_k"])
+    outs = _run(inputs, hd, config=dc.DecodeConfig(tile_n=hd // 2, stages=3))
+    assert_race_free()
+    assert _judge(outs, inputs, hd) <= 1.0
+    q64 = vr.attention_input(*(inputs[n] for n in ("x", "scale", "w_q", "w_k", "w_v",
+                                                    "q_gain", "k_gain", "cos", "sin")),
+                             head_dim=hd)[0]
+    assert np.all(np.sqrt(np.mean(q64.reshape(m, -1, hd) ** 2, axis=-1)) > 2)
+
+
 def test_given_row_scale_replaces_the_statistic(rng):
     """2 r given: the input norm with a gain of 2 (M = 13 in a 16-row box)."""
     inputs = _inputs(rng, 13, 128, 2, 1, 128, gain=None, qk_offset=0.0)

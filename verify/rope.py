@@ -5,7 +5,8 @@ RoPE), and the identities a fused epilogue of it relies on.
     QKNorm(h) = h rsqrt(mean_head(h^2) + qk_eps) (qk_offset + g)   per head of head_dim
     RoPE(n) = [n_lo cos - n_hi sin, n_hi cos + n_lo sin]            per head (rotate-half)
 
-with cos, sin the [M, hd/2] tables of each row's position as given to the op.
+with cos, sin the [M, hd/2] tables of each row's position as given to the op. Without
+QK-norm gains (None: Llama) q = RoPE(h_q), k = RoPE(h_k).
 
 Error model (verify.tolerances): h carries a dense product's error t_h (its rounding to
 x's dtype included: the stock path rounds h before QK-norm); QK-norm scales it by s |g| as
@@ -52,20 +53,28 @@ def attention_input(x, scale, w_q, w_k, w_v, q_gain, k_gain, cos, sin, *, head_d
     normed = ref.rms_norm(np.asarray(x), scale, eps=eps, scale_offset=scale_offset)
     h_q, h_k, h_v = (normed @ f64(w) for w in (w_q, w_k, w_v))
     kw = dict(head_dim=head_dim, eps=qk_eps, offset=qk_offset)
-    return (rope_heads(qk_norm(h_q, q_gain, **kw), cos, sin, head_dim),
-            rope_heads(qk_norm(h_k, k_gain, **kw), cos, sin, head_dim), h_v)
+
+    def normed(h, gain):
+        return h if gain is None else qk_norm(h, gain, **kw)
+
+    return (rope_heads(normed(h_q, q_gain), cos, sin, head_dim),
+            rope_heads(normed(h_k, k_gain), cos, sin, head_dim), h_v)
 
 
 def _rotated_judged(name: str, actual, normed, w, gain, cos, sin, x_dtype, *, head_dim: int,
                     qk_eps: float, qk_offset: float) -> Judged:
-    """One of q, k: the product's error through QK-norm and RoPE (module docstring)."""
+    """One of q, k: the product's error through QK-norm (gain None: none) and RoPE (module
+    docstring)."""
     h64 = normed @ f64(w)
     t_h = _heads(tol.dense_tolerance(normed, f64(w), h64, x_dtype, x_dtype), head_dim)
     heads = _heads(h64, head_dim)
-    s = ref.rms_inverse(heads, qk_eps)
-    g = ref.gain(gain, qk_offset, head_dim)
-    n64 = heads * s * g
-    t_n = tol.post_norm_tolerance(t_h, s, g, n64, n64, x_dtype)
+    if gain is None:
+        n64, t_n = heads, t_h
+    else:
+        s = ref.rms_inverse(heads, qk_eps)
+        g = ref.gain(gain, qk_offset, head_dim)
+        n64 = heads * s * g
+        t_n = tol.post_norm_tolerance(t_h, s, g, n64, n64, x_dtype)
     half = head_dim // 2
     c, sn = np.abs(f64(cos))[:, None, :], np.abs(f64(sin))[:, None, :]
     t_lo, t_hi = t_n[..., :half], t_n[..., half:]
