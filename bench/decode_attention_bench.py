@@ -62,11 +62,15 @@ class Preset(NamedTuple):
     n_kv_heads: int
     head_dim: int
     qk_offset: float  # Gemma's norms scale by 1 + g
+    qk_norm: bool = True  # Llama has none: q and k are only rotated
 
 
 PRESETS = [Preset("qwen3-0.6b", 1024, 16, 8, 128, 0.0), Preset("qwen3-4b", 2560, 32, 8, 128, 0.0),
-           Preset("gemma3-1b", 1152, 4, 1, 256, 1.0)]
-SMOKE_PRESETS, SMOKE_ROWS = [Preset("smoke", 128, 2, 1, 128, 1.0)], (8,)
+           Preset("gemma3-1b", 1152, 4, 1, 256, 1.0),
+           Preset("llama3-8b", 4096, 32, 8, 128, 0.0, qk_norm=False)]
+SMOKE_PRESETS = [Preset("smoke", 128, 2, 1, 128, 1.0),
+                 Preset("smoke-llama", 128, 2, 1, 128, 0.0, qk_norm=False)]
+SMOKE_ROWS = (8,)
 
 
 class Inputs(NamedTuple):
@@ -121,8 +125,9 @@ def stock(a: Inputs, p: Preset) -> tuple[jax.Array, jax.Array, jax.Array]:
     m, hd = a.x.shape[0], p.head_dim
     h = _stock_norm(a.x, a.gain, p.qk_offset)
     q, k, v = h @ a.w_q, h @ a.w_k, h @ a.w_v
-    q = _stock_norm(q.reshape(m, 1, p.n_heads, hd), a.q_gain, p.qk_offset)
-    k = _stock_norm(k.reshape(m, 1, p.n_kv_heads, hd), a.k_gain, p.qk_offset)
+    q, k = q.reshape(m, 1, p.n_heads, hd), k.reshape(m, 1, p.n_kv_heads, hd)
+    if p.qk_norm:
+        q, k = _stock_norm(q, a.q_gain, p.qk_offset), _stock_norm(k, a.k_gain, p.qk_offset)
     inv_freq = layers.rope_frequencies(hd, ROPE_THETA, None)
     positions = a.positions[:, None]  # [B, T = 1]
     q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
@@ -133,8 +138,9 @@ def kernel(a: Inputs, p: Preset, *, unfolded: bool, config, interpret: bool):
     """The kernel (gain folded: the kernel's weights stand for diag(g) W, judged as such)."""
     from pallas_kernels import decode_attention_input as dai
 
+    q_gain, k_gain = (a.q_gain, a.k_gain) if p.qk_norm else (None, None)
     return dai.decode_attention_input(
-        a.x, (a.w_q, a.w_k, a.w_v), head_dim=p.head_dim, q_gain=a.q_gain, k_gain=a.k_gain, cos=a.cos,
+        a.x, (a.w_q, a.w_k, a.w_v), head_dim=p.head_dim, q_gain=q_gain, k_gain=k_gain, cos=a.cos,
         sin=a.sin, qk_eps=EPS, qk_offset=p.qk_offset, eps=EPS,
         scale=a.gain if unfolded else None, scale_offset=p.qk_offset, config=config,
         interpret=interpret)
@@ -167,8 +173,9 @@ def judge(label: str, outs, a: Inputs, p: Preset) -> dict[str, Any]:
                                        / (np.abs(ref) + rms))))
         return dict(error=max(errors), correct=max(errors) <= FLOOR_TOLERANCE)
     scale = None if label == KERNEL else a.gain
+    gains = (a.q_gain, a.k_gain) if p.qk_norm else (None, None)
     ratio = rope.check_attention_input(
-        *outs, a.x, scale, a.w_q, a.w_k, a.w_v, a.q_gain, a.k_gain, a.cos, a.sin,
+        *outs, a.x, scale, a.w_q, a.w_k, a.w_v, *gains, a.cos, a.sin,
         head_dim=p.head_dim, eps=EPS, scale_offset=p.qk_offset, qk_eps=EPS,
         qk_offset=p.qk_offset)
     return dict(err_tol=ratio, correct=True)

@@ -122,19 +122,27 @@ def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit:
     from bench import decode_attention_bench as bench
     from jaxnorm.backends import decode_attention_measured
 
-    entries: dict[tuple[int, ...], tuple[float | None, ...]] = {}
+    entries: dict[bool, dict[tuple[int, ...], tuple[float | None, ...]]] = {True: {}, False: {}}
     for row in _gpu_rows(docs):
         shape, by_label = row["shape"], {e["label"]: e for e in row["variants"]}
         key = (row["m"], shape["d_model"], shape["n_heads"], shape["n_kv_heads"],
                shape["head_dim"])
-        entries[key] = tuple(by_label.get(label, {}).get("vs_stock")
-                             for label in (bench.KERNEL, bench.UNFOLDED))
-    return _ratios_module(
+        # Runs before the Llama preset had QK-norm at every shape.
+        entries[shape.get("qk_norm", True)][key] = tuple(
+            by_label.get(label, {}).get("vs_stock") for label in (bench.KERNEL, bench.UNFOLDED))
+    entry_type = "tuple[tuple[int, int, int, int, int], float | None, float | None]"
+
+    def lines(qk_norm: bool) -> list[str]:
+        return [f"({shape!r}, {_ratio(folded)}, {_ratio(unfolded)})"
+                for shape, (folded, unfolded) in entries[qk_norm].items()]
+
+    source = _ratios_module(
         decode_attention_measured.__doc__, docs, command, commit,
         "(M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, unfolded",
-        "tuple[tuple[int, int, int, int, int], float | None, float | None]",
-        [f"({shape!r}, {_ratio(folded)}, {_ratio(unfolded)})"
-         for shape, (folded, unfolded) in entries.items()])
+        entry_type, lines(True))
+    without = "".join(f"    {line},\n" for line in lines(False))
+    return (source + "\n# The same without QK-norm (Llama: q and k only rotated).\n"
+            f"ENTRIES_WITHOUT_QK_NORM: tuple[{entry_type}, ...] = (\n{without})\n")
 
 
 def write_source(source: Callable[[Sequence[dict[str, Any]], str, str], str],

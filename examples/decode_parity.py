@@ -2,8 +2,8 @@
 
     python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3]
 
-A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings, head_dim
-128, its attention input one op) in bfloat16 whose norm + projections
+A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings), head_dim
+128 as the real models' so that the attention input is one op, in bfloat16 whose norm + projections
 (q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
 the same parameters with impl="xla", after a short float32 training on a
 deterministic task so greedy choices are not rounding-level ties. Both decode greedily; the tokens must be
@@ -43,8 +43,8 @@ def successor_batch(key: jax.Array, batch: int, length: int) -> jax.Array:
 
 
 FAMILIES = {"llama": models.llama, "qwen3": models.qwen3}
-# Qwen3's head_dim is 128, as the real models': the attention-input kernel serves it.
-HEADS = {"llama": dict(n_heads=4, n_kv_heads=2, head_dim=64),
+# head_dim 128, as Llama-3-8B's and Qwen3's: the attention-input kernel serves it.
+HEADS = {"llama": dict(n_heads=4, n_kv_heads=2, head_dim=128),
          "qwen3": dict(n_heads=2, n_kv_heads=1, head_dim=128)}
 
 

@@ -1,5 +1,6 @@
-"""The attention input of a QK-norm model as one op: (q, k, v) = (RoPE(QKNorm(h W_q)),
-RoPE(QKNorm(h W_k)), h W_v) with h = RMSNorm(x), as Qwen3 and Gemma 3 compute it.
+"""The attention input as one op: (q, k, v) = (RoPE(QKNorm(h W_q)), RoPE(QKNorm(h W_k)),
+h W_v) with h = RMSNorm(x), as Qwen3 and Gemma 3 compute it; without QK-norm gains
+(q_scale = k_scale = None) (RoPE(h W_q), RoPE(h W_k), h W_v), as Llama does.
 
 At decode (M <= 64 rows on Hopper) this is one Mosaic launch
 (`pallas_kernels.decode_attention_input`: the input norm's row scale, the three products,
@@ -8,8 +9,8 @@ under `DECODE_MAX_RATIO` of stock's time (jaxnorm/backends/decode_attention_meas
 Everywhere else (under any `impl`, also at more than 64 rows, where the kernel does not
 apply) it is exactly what the unfused layers compute, op by op:
 `rms_norm_dense` for q/k/v (which may itself pick the pre-norm GEMM at prefill), then
-`rms_norm` of each head and rotate-half RoPE, so falling back runs the graph the model ran
-before this op existed.
+`rms_norm` of each head (with QK-norm) and rotate-half RoPE, so falling back runs the graph
+the model ran before this op existed.
 
 Differentiation: the kernel is paired with the backward of that composition (impl="xla";
 `dispatch.call_with_xla_backward`, as `jaxnorm.given_statistics` pairs its kernel): decode
@@ -41,7 +42,7 @@ def rotate_half(h: Array, cos: Array, sin: Array) -> Array:
 
 
 def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
-                 q_scale: Array, k_scale: Array, cos: Array, sin: Array,
+                 q_scale: Array | None, k_scale: Array | None, cos: Array, sin: Array,
                  stats: RowStats | None, *, head_dim: int, eps: float, qk_eps: float,
                  scale_offset: float, impl: str | None) -> tuple[Array, Array, Array]:
     """The unfused ops, each dispatching on its own under impl=None."""
@@ -49,9 +50,10 @@ def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Arr
                                  impl=impl, statistics=stats)
     m = x.shape[0]
 
-    def normed_rotated(h: Array, gain: Array) -> Array:
-        heads = ops.rms_norm(h.reshape(m, -1, head_dim), gain, eps=qk_eps,
-                             scale_offset=scale_offset, impl=impl)
+    def normed_rotated(h: Array, gain: Array | None) -> Array:
+        heads = h.reshape(m, -1, head_dim)
+        if gain is not None:
+            heads = ops.rms_norm(heads, gain, eps=qk_eps, scale_offset=scale_offset, impl=impl)
         return rotate_half(heads, cos, sin).reshape(m, -1)
 
     return normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
@@ -71,8 +73,8 @@ def rms_norm_attention_input(
     w_q: ArrayLike,
     w_k: ArrayLike,
     w_v: ArrayLike,
-    q_scale: ArrayLike,
-    k_scale: ArrayLike,
+    q_scale: ArrayLike | None,
+    k_scale: ArrayLike | None,
     cos: ArrayLike,
     sin: ArrayLike,
     *,
@@ -83,11 +85,11 @@ def rms_norm_attention_input(
     impl: str | None = None,
     statistics: RowStats | None = None,
 ) -> tuple[Array, Array, Array]:
-    """(q, k, v) of a QK-norm attention input, each [..., heads * head_dim] in x's dtype.
+    """(q, k, v) of an attention input, each [..., heads * head_dim] in x's dtype.
 
     x: [..., K]; scale: the input norm's gain [K] (None: folded into the weights or absent);
     w_q, w_k, w_v: [K, heads * head_dim] without biases; q_scale, k_scale: the per-head
-    QK-norm gains [head_dim]; cos, sin: [..., head_dim / 2] float32 tables of each row's
+    QK-norm gains [head_dim], or both None for no QK-norm; cos, sin: [..., head_dim / 2] float32 tables of each row's
     position (angles = position * inverse frequency); `scale_offset` applies to all three
     gains (Gemma's 1 + g). `statistics`: x's RowStats from the residual GEMM that wrote it.
     `impl`: None (automatic), "xla", "mosaic" or "interpret".
@@ -111,6 +113,8 @@ def rms_norm_attention_input(
     if weights[1].shape != weights[2].shape:
         raise ValueError(f"w_k {weights[1].shape} and w_v {weights[2].shape} must match "
                          "(one key and one value per kv head)")
+    if (q_scale is None) != (k_scale is None):
+        raise ValueError("q_scale and k_scale: both (QK-norm) or neither (no QK-norm, Llama)")
     _checks.check_vector("q_scale", q_scale, head_dim)
     _checks.check_vector("k_scale", k_scale, head_dim)
     tables = []
@@ -123,7 +127,7 @@ def rms_norm_attention_input(
     stats = None if statistics is None else row_stats.flat_rows(
         row_stats.check("statistics", statistics, x.shape))
     args = (x.reshape(-1, k), None if scale is None else jnp.asarray(scale), *weights,
-            jnp.asarray(q_scale), jnp.asarray(k_scale), *tables, stats)
+            *(None if g is None else jnp.asarray(g) for g in (q_scale, k_scale)), *tables, stats)
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
     if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`

@@ -61,6 +61,24 @@ def test_matches_float64(lead, hd, offset, folded, impl, rng):
     assert _judge(outs, a, hd, offset=offset) <= 1.0
 
 
+@pytest.mark.parametrize("impl", ["interpret", "xla"])
+def test_without_qk_norm_only_rotates(impl, rng):
+    """q_scale = k_scale = None (Llama): q and k rotated, not normed (their head RMS is 4
+    here, so a normed head fails the judge)."""
+    a = _inputs(rng, (3, 1), 128, 2, 1, 128)
+    a.update(q_scale=None, k_scale=None, w_q=4 * a["w_q"], w_k=4 * a["w_k"])
+    outs = _call(a, 128, impl)
+    if impl == "interpret":
+        assert_race_free()
+    assert _judge(outs, a, 128) <= 1.0
+
+
+def test_qk_norm_gains_come_in_pairs(rng):
+    a = _inputs(rng, (2, 1), 128, 2, 1, 128)
+    with pytest.raises(ValueError, match="q_scale and k_scale: both"):
+        _call(dict(a, k_scale=None), 128, "xla")
+
+
 def test_given_statistics_replace_the_reduction(rng):
     """x's RowStats (as a residual GEMM writes them) give the kernel its row scale."""
     a = _inputs(rng, (4, 1), 128, 2, 1, 128)
@@ -126,7 +144,8 @@ def test_automatic_dispatch_on_cpu_falls_back_with_a_reason(rng):
 
 
 TABLE = dict(PROVENANCE={"sms": 132},
-             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95), ((1, 2048, 16, 8, 128), 0.60, None)))
+             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95), ((1, 2048, 16, 8, 128), 0.60, None)),
+             ENTRIES_WITHOUT_QK_NORM=(((1, 4096, 32, 8, 128), 0.70, 0.80),))
 
 
 @pytest.mark.parametrize("m, k, heads, hd, folded, reason", [
@@ -149,7 +168,21 @@ def test_the_kernel_runs_automatically_only_where_it_measured_faster(
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((m, k), BF16), s((k, heads * hd), BF16), s((k, heads // 2 * hd), BF16)
     got = mai._not_measured_faster(x, None if folded else s((k,), BF16), w_q, w_kv, w_kv,
-                                   head_dim=hd)
+                                   s((hd,), BF16), head_dim=hd)
+    assert got is None if reason is None else reason in got
+
+
+@pytest.mark.parametrize("k, reason", [(4096, None), (3072, None),
+                                       (1024, "without QK-norm the attention-input kernel "
+                                              "has no measured shape")])
+def test_without_qk_norm_dispatch_reads_its_own_table(monkeypatch, k, reason):
+    """K = 1024 has a QK-norm entry within 2x (0.40x) but none without QK-norm."""
+    for name, value in TABLE.items():
+        monkeypatch.setattr(mai.decode_attention_measured, name, value)
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
+    s = jax.ShapeDtypeStruct
+    x, w_q, w_kv = s((1, k), BF16), s((k, 32 * 128), BF16), s((k, 8 * 128), BF16)
+    got = mai._not_measured_faster(x, None, w_q, w_kv, w_kv, None, head_dim=128)
     assert got is None if reason is None else reason in got
 
 
@@ -166,7 +199,7 @@ def test_a_model_measured_slower_declines_where_the_op_measured_faster(
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((1, 1024), BF16), s((1024, 16 * 128), BF16), s((1024, 8 * 128), BF16)
     got = mai._not_measured_faster(x, None if folded else s((1024,), BF16), w_q, w_kv, w_kv,
-                                   head_dim=128)
+                                   s((128,), BF16), head_dim=128)
     if declined:
         assert "made the model slower: step 1.02x stock with it" in got
     else:

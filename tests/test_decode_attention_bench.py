@@ -17,17 +17,18 @@ def test_smoke_run_checks_times_and_reports(tmp_path):
     assert dab.main(["--smoke", "--out", str(tmp_path), "--budget-s", "600"]) == 0
     payload = json.loads((tmp_path / "decode-attention.json").read_text())
     assert payload["smoke"] and not payload["skipped"]
-    (row,) = payload["rows"]
-    assert row["preset"] == "smoke" and row["m"] == 8
-    labels = [e["label"] for e in row["variants"]]
-    assert labels == [dab.KERNEL, dab.UNFOLDED, dab.STOCK, dab.FLOOR]
-    for entry in row["variants"]:
-        assert entry["correct"] and entry["us"] > 0
-        assert entry["vs_stock"] == entry["us"] / row["variants"][2]["us"]
-    assert all(e["err_tol"] <= 1.0 for e in row["variants"][:3])
-    assert row["variants"][0]["config"]["tile_n"] == 64
-    assert row["variants"][3]["error"] <= dab.FLOOR_TOLERANCE
-    assert "| smoke | 8 |" in (tmp_path / "decode-attention.md").read_text()
+    assert [(r["preset"], r["m"], r["shape"]["qk_norm"]) for r in payload["rows"]] == [
+        ("smoke", 8, True), ("smoke-llama", 8, False)]
+    for row in payload["rows"]:
+        labels = [e["label"] for e in row["variants"]]
+        assert labels == [dab.KERNEL, dab.UNFOLDED, dab.STOCK, dab.FLOOR]
+        for entry in row["variants"]:
+            assert entry["correct"] and entry["us"] > 0
+            assert entry["vs_stock"] == entry["us"] / row["variants"][2]["us"]
+        assert all(e["err_tol"] <= 1.0 for e in row["variants"][:3])
+        assert row["variants"][0]["config"]["tile_n"] == 64
+        assert row["variants"][3]["error"] <= dab.FLOOR_TOLERANCE
+    assert "| smoke-llama | 8 |" in (tmp_path / "decode-attention.md").read_text()
 
 
 @pytest.mark.parametrize("preset", dab.PRESETS, ids=lambda p: p.name)
@@ -45,7 +46,8 @@ def test_stock_matches_the_float64_attention_input(preset):
 
 def test_the_table_module_holds_each_shapes_ratios():
     """--write-table: per (M, K, heads, kv heads, head_dim) both kernels' ratios to stock, None
-    where a variant was not timed; a later run's row of one shape wins."""
+    where a variant was not timed; a later run's row of one shape wins; rows without QK-norm
+    (Llama) in their own table (runs before that field: QK-norm)."""
     shape = dict(name="qwen3-0.6b", d_model=1024, n_heads=16, n_kv_heads=8, head_dim=128)
     timed = [dict(label=dab.KERNEL, vs_stock=0.4), dict(label=dab.UNFOLDED, vs_stock=0.45),
              dict(label=dab.STOCK, vs_stock=1.0)]
@@ -60,5 +62,12 @@ def test_the_table_module_holds_each_shapes_ratios():
     assert namespace["PROVENANCE"]["commit"] == "abc" and namespace["PROVENANCE"]["sms"] == 132
     assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.39, None),
                                     ((8, 1024, 16, 8, 128), 0.4, 0.45))
+    assert namespace["ENTRIES_WITHOUT_QK_NORM"] == ()
+    llama = dict(shape, name="llama3-8b", d_model=4096, n_heads=32, qk_norm=False)
+    runs = [first, dict(later, rows=[dict(preset="l", m=1, shape=llama, variants=timed)])]
+    namespace = {}
+    exec(decode_table_writer.attention_table_source(runs, "cmd", "abc"), namespace)
+    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.4, 0.45),)
+    assert namespace["ENTRIES_WITHOUT_QK_NORM"] == (((1, 4096, 32, 8, 128), 0.4, 0.45),)
     with pytest.raises(ValueError, match="--smoke"):
         decode_table_writer.attention_table_source([dict(first, smoke=True)], "cmd", "abc")

@@ -190,11 +190,12 @@ def test_gemma2_post_norms_through_the_post_norm_kernel(monkeypatch):
                                rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "llama3"])
 def test_decode_through_the_attention_input_kernel(monkeypatch, family):
     """Decode steps whose attention input is the Mosaic kernel (Pallas interpreter): q/k
-    QK-normed and rotated in its epilogue at every step's position, the sliding layers' own
-    rope base (Gemma 3), logits as the xla path's and the same greedy tokens."""
+    QK-normed (Llama 3: not; its llama3-scaled frequencies) and rotated in its epilogue at
+    every step's position, the sliding layers' own rope base (Gemma 3), logits as the xla
+    path's and the same greedy tokens."""
     import jaxnorm
     real = jaxnorm.rms_norm_attention_input
     build = getattr(models, family)

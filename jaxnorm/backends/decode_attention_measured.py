@@ -6,7 +6,8 @@ Automatic dispatch (jaxnorm/backends/mosaic_attention_input.py) takes the kernel
 only where the nearest entry of the same head_dim, within a factor of 2 in each of M, K and
 the q/k/v width, measured at most `mosaic_dense.DECODE_MAX_RATIO` of stock's time, for the
 gain folded (flashified weights, the row statistic in the kernel) or unfolded (XLA scales x
-by the gain first) as the call is. None: not timed. Regenerate rather than edit.
+by the gain first) as the call is; ENTRIES_WITHOUT_QK_NORM serves the models without
+QK-norm (Llama). None: not timed. Regenerate rather than edit.
 """
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
@@ -26,4 +27,8 @@ ENTRIES: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None]
     ((8, 2560, 32, 8, 128), 0.884, 0.801),
     ((1, 1152, 4, 1, 256), 0.656, 0.672),
     ((8, 1152, 4, 1, 256), 1.242, 1.287),
+)
+
+# The same without QK-norm (Llama: q and k only rotated).
+ENTRIES_WITHOUT_QK_NORM: tuple[tuple[tuple[int, int, int, int, int], float | None, float | None], ...] = (
 )

@@ -1,6 +1,6 @@
-"""Mosaic GPU backend of the QK-norm attention input: `pallas_kernels.decode_attention_input`
-(one weight-streaming launch at M <= 64: the input norm's row scale, q/k/v, per-head QK-norm
-and RoPE in the epilogue).
+"""Mosaic GPU backend of the attention input: `pallas_kernels.decode_attention_input` (one
+weight-streaming launch at M <= 64: the input norm's row scale, q/k/v, per-head QK-norm where
+the model has it, and RoPE in the epilogue).
 
 Serves bfloat16/float16 x with weights of its dtype, head_dim 128 or 256, K and every
 width multiples of 64. Anything else raises `Unsupported` with the reason, and dispatch
@@ -53,25 +53,30 @@ def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Arr
         interpret=interpret)
 
 
-def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int):
-    """The measured entry of this head_dim within 2x of (M, K, q/k/v width), nearest in log2."""
+def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):
+    """The measured entry of this head_dim and QK-norm within 2x of (M, K, q/k/v width),
+    nearest in log2."""
+    table = (decode_attention_measured.ENTRIES if qk_norm
+             else decode_attention_measured.ENTRIES_WITHOUT_QK_NORM)
     return nearest_measured(
         decode_attention_measured.PROVENANCE, (m, k, (heads + 2 * kv_heads) * head_dim),
         (((em, ek, (eh + 2 * ekv) * ehd), ((em, ek, eh, ekv, ehd), folded, unfolded))
-         for (em, ek, eh, ekv, ehd), folded, unfolded in decode_attention_measured.ENTRIES
-         if ehd == head_dim))
+         for (em, ek, eh, ekv, ehd), folded, unfolded in table if ehd == head_dim))
 
 
 @decline_automatic(OP)
-def _not_measured_faster(x, scale, w_q, w_k, w_v, *args, head_dim: int, **kwargs) -> str | None:
+def _not_measured_faster(x, scale, w_q, w_k, w_v, q_scale, *args, head_dim: int,
+                         **kwargs) -> str | None:
     """The kernel runs under impl=None only at decode, where the nearest measured shape had it
     at or under DECODE_MAX_RATIO of stock's attention input, with the gain as this call has it,
     and no model measured slower with it there (SLOWER_IN_THE_MODEL)."""
     (m, k), heads, kv_heads = x.shape, w_q.shape[1] // head_dim, w_k.shape[1] // head_dim
-    where = f"at {m}x{k}, {heads}/{kv_heads} heads of {head_dim}"
+    qk_norm = q_scale is not None
+    where = (f"at {m}x{k}, {heads}/{kv_heads} heads of {head_dim}"
+             f"{'' if qk_norm else ' without QK-norm'}")
     if m > MAX_ROWS:
         return f"{where}: the attention-input kernel serves decode (M <= {MAX_ROWS})"
-    entry = _nearest_entry(m, k, heads, kv_heads, head_dim)
+    entry = _nearest_entry(m, k, heads, kv_heads, head_dim, qk_norm)
     if entry is None:
         return (f"{where} the attention-input kernel has no measured shape within 2x "
                 "(jaxnorm/backends/decode_attention_measured.py, "
@@ -79,7 +84,7 @@ def _not_measured_faster(x, scale, w_q, w_k, w_v, *args, head_dim: int, **kwargs
     shape, folded, unfolded = entry
     gain = "folded" if scale is None else "unfolded"
     ratio = folded if scale is None else unfolded
-    if (shape, gain) in SLOWER_IN_THE_MODEL:
+    if qk_norm and (shape, gain) in SLOWER_IN_THE_MODEL:
         return (f"{where} the attention-input kernel with the gain {gain} (nearest measured "
                 f"{shape}) made the model slower: {SLOWER_IN_THE_MODEL[shape, gain]}; "
                 "impl='mosaic' forces it")

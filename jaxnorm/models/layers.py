@@ -125,10 +125,10 @@ def gated_mlp_input(cfg: ModelConfig, mlp_in: nnx.Module, x: Array,
 
 def fuses_attention_input(cfg: ModelConfig) -> bool:
     """Whether the attention input is one op (`jaxnorm.rms_norm_attention_input`): a fused
-    model with input norms, per-head QK-norm rounded as `jaxnorm.rms_norm` rounds it (not
-    hf_llama's convention), no q/k/v biases and a head_dim its kernel serves (else the
-    unfused ops, whatever `impl` forces)."""
-    return (cfg.fused and cfg.pre_norms and cfg.qk_norm and cfg.qk_norm_over == "head"
+    model with input norms, per-head QK-norm or none (Llama), norms rounded as
+    `jaxnorm.rms_norm` rounds them (not hf_llama's convention), no q/k/v biases and a
+    head_dim its kernel serves (else the unfused ops, whatever `impl` forces)."""
+    return (cfg.fused and cfg.pre_norms and (not cfg.qk_norm or cfg.qk_norm_over == "head")
             and cfg.norm_convention != "hf_llama" and not cfg.qkv_bias
             and cfg.head_dim in KERNEL_HEAD_DIMS)
 
@@ -136,14 +136,17 @@ def fuses_attention_input(cfg: ModelConfig) -> bool:
 def attention_input(cfg: ModelConfig, attn_in: nnx.Module, attn: nnx.Module, x: Array,
                     stats: RowStats | None, positions: Array,
                     inv_freq: np.ndarray) -> tuple[Array, Array, Array]:
-    """(q, k, v) of x [B, T, D], q and k QK-normed and rotated at `positions` ([T] or [B, T]):
-    the decode attention-input kernel where dispatch picks it, else the unfused ops."""
+    """(q, k, v) of x [B, T, D], q and k QK-normed (where the model has QK-norm) and rotated
+    at `positions` ([T] or [B, T]): the decode attention-input kernel where dispatch picks
+    it, else the unfused ops."""
     b, t, _ = x.shape
     angles = jnp.broadcast_to(positions, (b, t)).astype(jnp.float32)[..., None] * inv_freq
     norm_scale = None if attn_in.norm.scale is None else attn_in.norm.scale[...]
+    qk_gains = ((attn.q_norm.scale[...], attn.k_norm.scale[...]) if cfg.qk_norm
+                else (None, None))
     x, norm_scale, w_q, w_k, w_v, q_scale, k_scale = promote_dtype(
         (x, norm_scale, attn_in.q.kernel[...], attn_in.k.kernel[...], attn_in.v.kernel[...],
-         attn.q_norm.scale[...], attn.k_norm.scale[...]), dtype=cfg.dtype)
+         *qk_gains), dtype=cfg.dtype)
     return jaxnorm.rms_norm_attention_input(
         x, norm_scale, w_q, w_k, w_v, q_scale, k_scale, jnp.cos(angles), jnp.sin(angles),
         head_dim=cfg.head_dim, eps=cfg.eps, qk_eps=cfg.eps, scale_offset=cfg.scale_offset,
