@@ -9,8 +9,9 @@ under `DECODE_MAX_RATIO` of stock's time (jaxnorm/backends/decode_attention_meas
 Everywhere else (under any `impl`, also at more than 64 rows, where the kernel does not
 apply) it is exactly what the unfused layers compute, op by op:
 `rms_norm_dense` for q/k/v (which may itself pick the pre-norm GEMM at prefill), then
-`rms_norm` of each head (with QK-norm) and rotate-half RoPE, so falling back runs the graph
-the model ran before this op existed.
+`rms_norm` of each head (with QK-norm) and rotate-half RoPE, so falling back computes,
+bitwise, what the model computed before this op existed (one cos/sin table per layer for q
+and k, where the layers computed one each).
 
 Differentiation: the kernel is paired with the backward of that composition (impl="xla";
 `dispatch.call_with_xla_backward`, as `jaxnorm.given_statistics` pairs its kernel): decode

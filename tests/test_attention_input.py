@@ -219,3 +219,37 @@ def test_bad_input_says_which_argument(change, reason, rng):
         _call(a, 128, "xla")
     with pytest.raises(ValueError, match="head_dim must be a positive even"):
         _call(_inputs(rng, (2, 1), 128, 2, 1, 128), 127, "xla")
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_a_declined_decode_step_computes_what_the_unfused_layers_did(monkeypatch, family):
+    """On a (simulated) H200 where dispatch declines the kernel, a fused model's decode step
+    through the op (its unfused composition) gives the logits of the layers it replaced,
+    bitwise."""
+    from flax import nnx
+
+    from jaxnorm import models
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
+    monkeypatch.setattr(mai.decode_attention_measured, "ENTRIES", ())
+    calls = []
+    composition = jaxnorm.attention_input._composition
+    monkeypatch.setattr(jaxnorm.attention_input, "_composition",
+                        lambda *a, **k: calls.append(1) or composition(*a, **k))
+    cfg = getattr(models, family)(vocab_size=256, d_model=256, n_layers=2, n_heads=2,
+                                  n_kv_heads=1, head_dim=128, d_ff=512, dtype=BF16,
+                                  param_dtype=BF16)
+    model = models.Transformer(cfg.replace(fused=True), rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 6)), jnp.int32)
+    _, cache = model(tokens[:, :5], cache=model.init_cache(2, 16))
+
+    def step():
+        jax.clear_caches()  # trace afresh: the op, then the layers it replaced
+        return np.asarray(model(tokens[:, 5:], start=5, cache=cache)[0], np.float32)
+
+    through_the_op = step()
+    assert len(calls) == 2 * cfg.n_layers  # prefill and the step, each layer
+    assert "no measured shape" in dispatch.fallback_reasons()[jaxnorm.attention_input.OP]
+    monkeypatch.setattr(layers, "fuses_attention_input", lambda cfg: False)
+    np.testing.assert_array_equal(step(), through_the_op)
