@@ -586,9 +586,9 @@ def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
-# The decode attention-input kernel (pallas_kernels/decode_attention_input.py) at the QK-norm
-# presets of bench/decode_attention_bench.py (smoke: d_model 128, 2 q heads and 1 kv head of
-# the preset's head_dim).
+# The decode attention-input kernel (pallas_kernels/decode_attention_input.py) at the
+# presets of bench/decode_attention_bench.py, the QK-norm ones and Llama-3-8B's without
+# (smoke: d_model 128, 2 q heads and 1 kv head of the preset's head_dim).
 DECODE_ATTENTION_ROWS = (1, 8, 64)
 
 
