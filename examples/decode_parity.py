@@ -2,9 +2,9 @@
 
     python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3]
 
-A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings), head_dim
-128 as the real models' so that the attention input is one op, in bfloat16 whose norm + projections
-(q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
+A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings),
+head_dim 128 as the real models' so that the attention input is one op, in bfloat16, whose
+norm + projections (q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
 the same parameters with impl="xla", after a short float32 training on a
 deterministic task so greedy choices are not rounding-level ties. Both decode greedily; the tokens must be
 identical. A kernel that reads a stale buffer (a consumer not waiting for its

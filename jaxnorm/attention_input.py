@@ -90,10 +90,11 @@ def rms_norm_attention_input(
 
     x: [..., K]; scale: the input norm's gain [K] (None: folded into the weights or absent);
     w_q, w_k, w_v: [K, heads * head_dim] without biases; q_scale, k_scale: the per-head
-    QK-norm gains [head_dim], or both None for no QK-norm; cos, sin: [..., head_dim / 2] float32 tables of each row's
-    position (angles = position * inverse frequency); `scale_offset` applies to all three
-    gains (Gemma's 1 + g). `statistics`: x's RowStats from the residual GEMM that wrote it.
-    `impl`: None (automatic), "xla", "mosaic" or "interpret".
+    QK-norm gains [head_dim], or both None for no QK-norm; cos, sin: [..., head_dim / 2]
+    float32 tables of each row's position (angles = position * inverse frequency);
+    `scale_offset` applies to all three gains (Gemma's 1 + g). `statistics`: x's RowStats
+    from the residual GEMM that wrote it. `impl`: None (automatic), "xla", "mosaic" or
+    "interpret".
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     qk_eps = _checks.check_scalars(qk_eps, scale_offset)[0]  # validated as an eps is

@@ -38,6 +38,7 @@ SLOWER_IN_THE_MODEL: dict[tuple[tuple[int, int, int, int, int], str], str] = {
         f"(model-session12.json) and 0.983, 0.985x without (model-decode-gated.json, {_RESULTS})"),
 }
 
+
 @register(OP, "mosaic")
 def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
                              q_scale: Array, k_scale: Array, cos: Array, sin: Array,
