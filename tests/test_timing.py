@@ -1,11 +1,27 @@
-"""bench/timing.py on CPU: the program each measurement runs (CUPTI itself needs a GPU)."""
+"""bench/timing.py on CPU: which program each measurement runs. CUPTI needs a GPU, so its
+profiler is replaced by a recorder that returns one kernel per call."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from jax.experimental.mosaic.gpu import profiler
 
 from bench import timing
+
+
+@pytest.fixture
+def profiled(monkeypatch):
+    """The programs handed to CUPTI, each timed as one 2 ms kernel per iteration."""
+    programs = []
+
+    def measure(program, *, aggregate, iterations):
+        programs.append(program)
+        return lambda *args: (program(*args), [[("k", 2.0)]] * iterations)
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    return programs
 
 
 def _traced_fn():
@@ -18,24 +34,24 @@ def _traced_fn():
     return fn, traces
 
 
-def test_one_copy_is_one_program_for_wall_and_kernel_time():
-    """A single set (a whole model) is traced and compiled once: the CUPTI stage profiles the
-    program the wall samples ran, not a second program around it."""
+def test_one_copy_is_one_program_for_wall_and_kernel_time(profiled):
+    """A single set (a whole model) is traced and compiled once: CUPTI profiles the program
+    the wall samples ran, not a second program around it."""
     fn, traces = _traced_fn()
-    args = (jnp.arange(6.0), jnp.ones(6))
-    t = timing.measure(fn, [args], repeats=2, warmup=1)
+    t = timing.measure(fn, [(jnp.arange(6.0), jnp.ones(6))], repeats=2, warmup=1)
+    assert profiled == [timing._jitted(fn)] and len(traces) == 1
+    assert t.copies == 1 and t.kernel_us == 2000.0 and len(t.wall_samples_us) == 2
+    assert timing.measured_hlo(fn, [(jnp.arange(6.0), jnp.ones(6))]).startswith("HloModule")
     assert len(traces) == 1
-    assert t.copies == 1 and len(t.wall_samples_us) == 2
-    hlo = timing.measured_hlo(fn, [args])
-    assert hlo.startswith("HloModule") and len(traces) == 1
 
 
-def test_rotated_copies_are_timed_together():
-    """Several copies: CUPTI times one program over all of them (fn traced once per copy
-    inside it, after the per-call program)."""
+def test_rotated_copies_are_timed_together(profiled):
+    """Several copies: CUPTI times one program over all of them, the kernel time divided
+    by the copy count."""
     fn, traces = _traced_fn()
     rng = np.random.default_rng(0)
     sets = [(jnp.asarray(rng.standard_normal(4)), jnp.asarray(rng.standard_normal(4)))
             for _ in range(2)]
     t = timing.measure(fn, sets, repeats=2, warmup=0)
-    assert t.copies == 2 and len(traces) == 1 + 2
+    assert profiled == [timing._run_all(fn)] and len(traces) == 1 + 2
+    assert t.copies == 2 and t.kernel_us == 1000.0
