@@ -229,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "python -m bench.decode_gemm")
     args = parser.parse_args(argv)
     if args.write_table:
-        print(decode_table_writer.write_table(args.write_table, TABLE_PATH,
-                                              command=args.run_command, commit=args.run_commit))
+        print(decode_table_writer.write_source(
+            decode_table_writer.table_source, args.write_table, TABLE_PATH,
+            command=args.run_command, commit=args.run_commit))
         return 0
     if any(not 1 <= m <= dc.MAX_ROWS for m in args.rows):
         parser.error(f"--rows must lie in [1, {dc.MAX_ROWS}]; got {args.rows}")

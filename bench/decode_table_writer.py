@@ -17,14 +17,11 @@ from pallas_kernels import decode_configs, hardware
 def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int], float]]:
     """(M, K, (N_i...)) -> (fastest correct config, its ratio to cuBLAS); later runs win."""
     entries = {}
-    for doc in docs:
-        if doc.get("smoke"):
-            raise ValueError("results: a table needs a GPU run, not --smoke")
-        for row in doc["rows"]:
-            best = next((c for c in row["configs"] if c["label"] == row.get("best")), None)
-            if best is not None:
-                m, k, n = row["shape"]
-                entries[(m, k, tuple(row.get("ns", [n])))] = best["config"], row["ratio"]
+    for row in _gpu_rows(docs):
+        best = next((c for c in row["configs"] if c["label"] == row.get("best")), None)
+        if best is not None:
+            m, k, n = row["shape"]
+            entries[(m, k, tuple(row.get("ns", [n])))] = best["config"], row["ratio"]
     return entries
 
 
@@ -65,11 +62,6 @@ def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_table(results: Sequence[Path], table: Path, *, command: str, commit: str) -> Path:
-    table.write_text(table_source([json.loads(p.read_text()) for p in results], command, commit))
-    return table
-
-
 def _ratio(ratio: float | None) -> str:
     return "None" if ratio is None else f"{ratio:.3f}"
 
@@ -82,13 +74,21 @@ def _gpu_rows(docs: Sequence[dict[str, Any]]):
         yield from doc["rows"]
 
 
+def _table(comment: str, name: str, entry_type: str, entries: list[str]) -> list[str]:
+    """One tuple of a table module, an entry per line, under its comment."""
+    return [f"# {comment}", f"{name}: tuple[{entry_type}, ...] = (",
+            *(f"    {entry}," for entry in entries), ")"]
+
+
 def _ratios_module(docstring: str | None, docs: Sequence[dict[str, Any]], command: str,
-                   commit: str, fields: str, entry_type: str, entries: list[str]) -> str:
-    """A measured-ratios table module: docstring, PROVENANCE, then ENTRIES one per line."""
+                   commit: str, fields: str, entry_type: str, entries: list[str],
+                   *more: list[str]) -> str:
+    """A measured-ratios table module: docstring, PROVENANCE, ENTRIES one per line, then
+    any `more` tables (`_table`), each after a blank line."""
     lines = _header(docstring, docs, command, commit)
-    lines += [f"# ({fields}).", f"ENTRIES: tuple[{entry_type}, ...] = ("]
-    lines += [f"    {entry}," for entry in entries]
-    lines.append(")")
+    lines += _table(f"({fields}).", "ENTRIES", entry_type, entries)
+    for table in more:
+        lines += ["", *table]
     return "\n".join(lines) + "\n"
 
 
@@ -136,13 +136,12 @@ def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit:
         return [f"({shape!r}, {_ratio(folded)}, {_ratio(unfolded)})"
                 for shape, (folded, unfolded) in entries[qk_norm].items()]
 
-    source = _ratios_module(
+    return _ratios_module(
         decode_attention_measured.__doc__, docs, command, commit,
         "(M, K, q heads, kv heads, head_dim), kernel / stock with the gain folded, unfolded",
-        entry_type, lines(True))
-    without = "".join(f"    {line},\n" for line in lines(False))
-    return (source + "\n# The same without QK-norm (Llama: q and k only rotated).\n"
-            f"ENTRIES_WITHOUT_QK_NORM: tuple[{entry_type}, ...] = (\n{without})\n")
+        entry_type, lines(True),
+        _table("The same without QK-norm (Llama: q and k only rotated).",
+               "ENTRIES_WITHOUT_QK_NORM", entry_type, lines(False)))
 
 
 def write_source(source: Callable[[Sequence[dict[str, Any]], str, str], str],
