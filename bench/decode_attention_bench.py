@@ -134,11 +134,16 @@ def stock(a: Inputs, p: Preset) -> tuple[jax.Array, jax.Array, jax.Array]:
     return q.reshape(m, -1), k.reshape(m, -1), v
 
 
+def _qk_gains(a: Inputs, p: Preset) -> tuple[jax.Array | None, jax.Array | None]:
+    """The QK-norm gains where the preset has QK-norm (the draws are ignored otherwise)."""
+    return (a.q_gain, a.k_gain) if p.qk_norm else (None, None)
+
+
 def kernel(a: Inputs, p: Preset, *, unfolded: bool, config, interpret: bool):
     """The kernel (gain folded: the kernel's weights stand for diag(g) W, judged as such)."""
     from pallas_kernels import decode_attention_input as dai
 
-    q_gain, k_gain = (a.q_gain, a.k_gain) if p.qk_norm else (None, None)
+    q_gain, k_gain = _qk_gains(a, p)
     return dai.decode_attention_input(
         a.x, (a.w_q, a.w_k, a.w_v), head_dim=p.head_dim, q_gain=q_gain, k_gain=k_gain, cos=a.cos,
         sin=a.sin, qk_eps=EPS, qk_offset=p.qk_offset, eps=EPS,
@@ -173,9 +178,8 @@ def judge(label: str, outs, a: Inputs, p: Preset) -> dict[str, Any]:
                                        / (np.abs(ref) + rms))))
         return dict(error=max(errors), correct=max(errors) <= FLOOR_TOLERANCE)
     scale = None if label == KERNEL else a.gain
-    gains = (a.q_gain, a.k_gain) if p.qk_norm else (None, None)
     ratio = rope.check_attention_input(
-        *outs, a.x, scale, a.w_q, a.w_k, a.w_v, *gains, a.cos, a.sin,
+        *outs, a.x, scale, a.w_q, a.w_k, a.w_v, *_qk_gains(a, p), a.cos, a.sin,
         head_dim=p.head_dim, eps=EPS, scale_offset=p.qk_offset, qk_eps=EPS,
         qk_offset=p.qk_offset)
     return dict(err_tol=ratio, correct=True)

@@ -148,6 +148,14 @@ TABLE = dict(PROVENANCE={"sms": 132},
              ENTRIES_WITHOUT_QK_NORM=(((1, 4096, 32, 8, 128), 0.70, 0.80),))
 
 
+@pytest.fixture
+def measured_table(monkeypatch):
+    """Dispatch reads TABLE, measured on a GPU of this one's SM count."""
+    for name, value in TABLE.items():
+        monkeypatch.setattr(mai.decode_attention_measured, name, value)
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
+
+
 @pytest.mark.parametrize("m, k, heads, hd, folded, reason", [
     (1, 1024, 16, 128, True, None),  # measured 0.40x
     (1, 1536, 16, 128, True, None),  # nearest within 2x in each
@@ -160,11 +168,8 @@ TABLE = dict(PROVENANCE={"sms": 132},
     (65, 1024, 16, 128, True, "serves decode"),
 ])
 def test_the_kernel_runs_automatically_only_where_it_measured_faster(
-        monkeypatch, m, k, heads, hd, folded, reason):
-    for name, value in TABLE.items():
-        monkeypatch.setattr(mai.decode_attention_measured, name, value)
+        monkeypatch, measured_table, m, k, heads, hd, folded, reason):
     monkeypatch.setattr(mai, "SLOWER_IN_THE_MODEL", {})
-    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((m, k), BF16), s((k, heads * hd), BF16), s((k, heads // 2 * hd), BF16)
     got = mai._not_measured_faster(x, None if folded else s((k,), BF16), w_q, w_kv, w_kv,
@@ -175,11 +180,8 @@ def test_the_kernel_runs_automatically_only_where_it_measured_faster(
 @pytest.mark.parametrize("k, reason", [(4096, None), (3072, None),
                                        (1024, "without QK-norm the attention-input kernel "
                                               "has no measured shape")])
-def test_without_qk_norm_dispatch_reads_its_own_table(monkeypatch, k, reason):
+def test_without_qk_norm_dispatch_reads_its_own_table(measured_table, k, reason):
     """K = 1024 has a QK-norm entry within 2x (0.40x) but none without QK-norm."""
-    for name, value in TABLE.items():
-        monkeypatch.setattr(mai.decode_attention_measured, name, value)
-    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
     s = jax.ShapeDtypeStruct
     x, w_q, w_kv = s((1, k), BF16), s((k, 32 * 128), BF16), s((k, 8 * 128), BF16)
     got = mai._not_measured_faster(x, None, w_q, w_kv, w_kv, None, head_dim=128)
