@@ -172,6 +172,33 @@ def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, args: tuple, cotangents
 _with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
 
 
+def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
+    """`call(op, impl, ..., stats)` whose last argument is x's own row statistics,
+    differentiated as stock's graph: JAX's VJP of the xla implementation without them (the
+    norm reducing x), so the whole gradient flows through x and theirs is zero. The
+    statistics' producer then gets no cotangent, and under jit its backward keeps none of
+    their terms. kwargs are static (hashable)."""
+    *rest, stats = args
+    return _with_stock_vjp(op, impl, tuple(sorted(kwargs.items())), tuple(rest), stats)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _with_stock_vjp(op: str, impl: str, kwargs: tuple, args: tuple, stats: Any) -> Any:
+    return call(op, impl, *args, stats, **dict(kwargs))
+
+
+def _with_stock_vjp_fwd(op: str, impl: str, kwargs: tuple, args: tuple, stats: Any):
+    return call(op, impl, *args, stats, **dict(kwargs)), args
+
+
+def _with_stock_vjp_bwd(op: str, impl: str, kwargs: tuple, args: tuple, cotangents):
+    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), args)
+    return (*vjp(cotangents), None)
+
+
+_with_stock_vjp.defvjp(_with_stock_vjp_fwd, _with_stock_vjp_bwd)
+
+
 def _fell_back(op: str, reason: str) -> None:
     if _CHOICES.get(op) != ("xla", reason):
         logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)

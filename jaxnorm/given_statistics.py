@@ -6,12 +6,15 @@ only by the GEMM. The statistics are an input like any other: the backward
 returns their cotangent, so `residual_dense` -> `rms_norm_dense(statistics=...)`
 has the gradient of the unfused h -> norm -> dense.
 
-The kernel forward is paired with the backward of the xla formulation (the same
-algebra, differentiated by JAX), which is exact for that formulation and needs
-no normalized activation saved. Where automatic dispatch (impl=None) falls back to
-xla, the op runs stock's graph instead, the norm reducing x itself: the statistics,
-x's by contract, are then unused, and under jit XLA drops the reduction that produced
-them. impl="xla" keeps the given-statistics formulation.
+Where automatic dispatch (impl=None) picks the kernel, its forward is paired with
+the backward of stock's graph (the norm reducing x itself, differentiated by JAX):
+the statistics are x's by contract, so the whole gradient flows through x, theirs is
+zero, and the producer's backward carries no statistics terms (the given-statistics
+backward wrote two more [M, K] tensors per op). Where it falls back to xla, the op
+runs stock's graph: the statistics are unused, and under jit XLA drops the reduction
+that produced them. An explicit impl keeps the given-statistics formulation, forward
+and backward (the kernel paired with the xla formulation's VJP), which is exact for
+statistics that are not x's.
 """
 
 from __future__ import annotations
@@ -39,4 +42,6 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
         return dispatch.call(op, "xla", *args[:-1], **kwargs)
     if chosen == "xla":
         return dispatch.call(op, "xla", *args, **kwargs)  # the given-statistics formulation
+    if impl is None:  # x's own statistics: the gradient of stock's graph, none for them
+        return dispatch.call_with_stock_backward(op, chosen, *args, **kwargs)
     return dispatch.call_with_xla_backward(op, chosen, *args, **kwargs)

@@ -242,3 +242,46 @@ def test_automatic_fallback_runs_stocks_graph(request, kind):
         assert primitive_counts(lambda *a, fn=fn: fn(*a, "xla"), *args) != auto
     np.testing.assert_allclose(np.float32(fused(*args, None)), np.float32(fused(*args, "xla")),
                                rtol=2e-2)
+
+
+@pytest.fixture
+def kernel_where_automatic_picks_it(monkeypatch):
+    """impl=None resolves as on a Hopper GPU, and the kernel it picks runs interpreted."""
+    from jaxnorm import dispatch
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    resolve = dispatch.resolve
+
+    def interpreted(op, impl, *args, **kwargs):
+        chosen = resolve(op, impl, *args, **kwargs)
+        return "interpret" if chosen == "mosaic" else chosen
+
+    monkeypatch.setattr(dispatch, "resolve", interpreted)
+
+
+def test_automatic_kernel_differentiates_stocks_graph(kernel_where_automatic_picks_it, request):
+    """Where impl=None picks the pre-norm kernel for given statistics (M = 1024, Hopper
+    simulated), the gradient is that of h -> norm -> dense through h alone: the statistics'
+    cotangent is exactly zero, and the composed gradient matches float64."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (1024,), 64, 128, bias=False)
+    norm_inputs = consumer_inputs(rng, "rms", 128, (256,))
+    dy = jnp.asarray(rng.standard_normal((1024, 256)), BF16)
+    res_names, norm_names = ("x", "kernel", "residual"), ("scale", "kernel")
+
+    def loss(a, b):
+        h, stats = jaxnorm.residual_dense(*(a[k] for k in res_names))
+        y = consume("rms", h, stats, {**norm_inputs, **b}, None)
+        return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
+
+    h, stats = jaxnorm.residual_dense(*(inputs[k] for k in res_names))
+    d_stats = jax.grad(lambda s: consume("rms", h, s, norm_inputs, None).astype(
+        jnp.float32).sum())(stats)
+    assert not np.any(np.asarray(d_stats.mean)) and not np.any(np.asarray(d_stats.m2))
+    grads_a, grads_b = jax.grad(loss, argnums=(0, 1))(
+        {k: inputs[k] for k in res_names}, {k: norm_inputs[k] for k in norm_names})
+    got = {**grads_a, **{f"norm_{k}": v for k, v in grads_b.items()}}
+    args = ({**inputs, "bias": None}, {**norm_inputs, "bias": None}, f64(dy))
+    expected = vr.composed_vjp("rms", *args, magnitude=False)
+    magnitudes = vr.composed_vjp("rms", *args, magnitude=True)
+    assert vr.check_grads(got, expected, magnitudes, BF16, 128) <= 1.0
