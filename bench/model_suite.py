@@ -277,10 +277,18 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
         "kernels": len(t.kernels) / t.copies / per_step,
+        # (samples, min, max): how far one variant's own samples spread within the round
+        "wall_spread_us": _spread(t.wall_samples_us, per_step),
+        "kernel_spread_us": _spread(t.kernel_samples_us, per_step),
         "by_class_us": breakdown(kernels),
         "top_kernels": _top(kernels, 16),
         "cupti_error": t.cupti_error,
     }
+
+
+def _spread(samples: list[float], per_step: int) -> list[float]:
+    return [len(samples), *(round(f(samples) / per_step, 1) for f in (min, max))] if samples \
+        else [0]
 
 
 def _write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],

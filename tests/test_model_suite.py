@@ -35,7 +35,10 @@ def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
     assert [c.phase for c in cells] == ["prefill", "decode B=1", "decode B=2"]
     for cell in cells:
         assert set(cell.rounds[0]) == set(ms.VARIANTS)
-        assert all(r["wall_us"] > 0 for r in cell.rounds[0].values())
+        for r in cell.rounds[0].values():
+            samples, low, high = r["wall_spread_us"]
+            assert r["wall_us"] > 0 and samples == 1 and low == high == round(r["wall_us"], 1)
+            assert r["kernel_spread_us"] == [0]  # no CUPTI on CPU
     payload = json.loads((tmp_path / "model-suite.json").read_text())
     assert [c.phase for c in ms.from_json(payload)] == [c.phase for c in cells]
     table = (tmp_path / "model-suite.md").read_text()
