@@ -2,9 +2,9 @@
 
 With statistics given, the row scale is r = rsqrt(m2/K + mean^2 + eps) (RMSNorm)
 or (mean, rsqrt(m2/K + eps)) (LayerNorm), computed from M floats, and x is read
-only by the GEMM. The statistics are an input like any other: the backward
-returns their cotangent, so `residual_dense` -> `rms_norm_dense(statistics=...)`
-has the gradient of the unfused h -> norm -> dense.
+only by the GEMM. Either way `residual_dense` -> `rms_norm_dense(statistics=...)`
+has the gradient of the unfused h -> norm -> dense: through h alone (impl=None), or
+through h and the statistics' cotangent (an explicit impl).
 
 Where automatic dispatch (impl=None) picks the kernel, its forward is paired with
 the backward of stock's graph (the norm reducing x itself, differentiated by JAX):
