@@ -287,8 +287,10 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
 
 
 def _spread(samples: list[float], per_step: int) -> list[float]:
-    return [len(samples), *(round(f(samples) / per_step, 1) for f in (min, max))] if samples \
-        else [0]
+    """[count, min, max] per step of one variant's samples; [0] where there are none."""
+    if not samples:
+        return [0]
+    return [len(samples), round(min(samples) / per_step, 1), round(max(samples) / per_step, 1)]
 
 
 def _write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],

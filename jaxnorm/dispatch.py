@@ -152,24 +152,7 @@ def call_with_xla_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any
     """`call(op, impl, ...)` differentiated as the xla implementation: JAX's VJP of it, which
     recomputes what it needs, so a forward-only kernel serves under autodiff. kwargs are
     static (hashable)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), args)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _with_xla_vjp(op: str, impl: str, kwargs: tuple, args: tuple) -> Any:
-    return call(op, impl, *args, **dict(kwargs))
-
-
-def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, args: tuple):
-    return call(op, impl, *args, **dict(kwargs)), args
-
-
-def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, args: tuple, cotangents):
-    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), args)
-    return vjp(cotangents)
-
-
-_with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, args)
 
 
 def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
@@ -178,25 +161,29 @@ def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> A
     norm reducing x), so the whole gradient flows through x and theirs is zero. The
     statistics' producer then gets no cotangent, and under jit its backward keeps none of
     their terms. kwargs are static (hashable)."""
-    *rest, stats = args
-    return _with_stock_vjp(op, impl, tuple(sorted(kwargs.items())), tuple(rest), stats)
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _with_stock_vjp(op: str, impl: str, kwargs: tuple, args: tuple, stats: Any) -> Any:
-    return call(op, impl, *args, stats, **dict(kwargs))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple) -> Any:
+    return call(op, impl, *args, **dict(kwargs))
 
 
-def _with_stock_vjp_fwd(op: str, impl: str, kwargs: tuple, args: tuple, stats: Any):
-    return call(op, impl, *args, stats, **dict(kwargs)), args
+def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple):
+    return call(op, impl, *args, **dict(kwargs)), args
 
 
-def _with_stock_vjp_bwd(op: str, impl: str, kwargs: tuple, args: tuple, cotangents):
-    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), args)
-    return (*vjp(cotangents), None)
+def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple,
+                      cotangents):
+    """JAX's VJP of the xla implementation; `without_stats`: of it without the last argument
+    (x's own statistics), whose cotangent is then zero."""
+    differentiated = args[:-1] if without_stats else args
+    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), differentiated)
+    (grads,) = vjp(cotangents)
+    return ((*grads, None) if without_stats else grads,)
 
 
-_with_stock_vjp.defvjp(_with_stock_vjp_fwd, _with_stock_vjp_bwd)
+_with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
 
 
 def _fell_back(op: str, reason: str) -> None:
