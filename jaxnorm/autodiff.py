@@ -364,13 +364,14 @@ def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
     if s.residual_after:
         # The backward needs h, which the residual-after kernel does not write: run the
         # op without the residual (y and h), then add it (one more rounding of y); the
-        # output's statistics are then those of that float32 sum.
+        # output's statistics are then those of that float32 sum (the stored y's on the
+        # xla path, as its forward).
         normed, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, None,
                                        pre_norm_sum=True, after=False)
         y32 = normed.astype(F32) + residual.astype(F32)
         y = y32.astype(x.dtype)
         if s.output_stats:
-            out_stats = row_stats.of_rows(y32)
+            out_stats = row_stats.of_rows(y if s.impl == "xla" else y32)
     else:
         y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
                                   pre_norm_sum=True, after=False)
@@ -390,10 +391,12 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
     x, kernel, scale, h, stats, out = res
     _, _, bias_dtype, _, norm_bias_dtype, residual_dtype = s.dtypes
     dy, dh_out = cotangents if _returns_sum(s) else (cotangents, None)
-    if out is not None:  # the float32 output re-formed: its rounding would swamp h - mean
-        residual, norm_bias, mean = out
+    if out is not None:  # the output re-formed (float32 from a kernel: rounding would swamp
+        residual, norm_bias, mean = out  # h - mean), as the statistics were taken of it
         y32 = sharding.normalized(s.kind, h.astype(F32), stats, _gain(scale, 0.0), norm_bias)
-        dy = row_stats.output_cotangent(y32 + residual.astype(F32), mean, *cotangents)
+        y32 = y32 + residual.astype(F32)
+        y_stats = y32.astype(s.dtypes[0]) if s.impl == "xla" else y32
+        dy = row_stats.output_cotangent(y_stats, mean, *cotangents)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
     dh = _norm_input_grad(s, rows, g * _gain(scale, 0.0))
@@ -418,7 +421,8 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
     sum), the sum only with a residual added before the norm (else None); with
     `residual_after`, (residual + normed, None), or with `output_stats` too, (residual +
-    normed, (mean, M2) of its float32 rows). With `axis_name` the kernel's columns (and the
+    normed, its RowStats: of its float32 rows from a kernel, of its stored rows on the xla
+    path, as `residual_dense`'s). With `axis_name` the kernel's columns (and the
     N-vectors, the residual's columns) are this shard's N-slice (no `output_stats`)."""
     returns_sum = residual is not None and not residual_after
     if axis_name is None:
@@ -441,9 +445,11 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
                 automatic=automatic, residual_after=residual_after, output_stats=output_stats)
     if impl is None and chosen == "xla":
         out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
+        if output_stats:  # those of the stored y, as residual_dense's: no float32 y is kept
+            return out[0], row_stats.of_rows(out[0])
     else:
         out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias,
                                                      residual))
     if output_stats:
-        return out[0], out[1:]
+        return out[0], row_stats.RowStats(out[1], out[2], out[0].shape[-1])
     return out if returns_sum else (out, None)

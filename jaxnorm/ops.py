@@ -244,8 +244,7 @@ def _post_norm_result(y: jax.Array, extra: object, lead: tuple[int, ...], n: int
     """y (and h, or h's RowStats) with x's leading dims restored."""
     y = y.reshape(*lead, n)
     if return_statistics:
-        mean, m2 = extra
-        return y, row_stats.RowStats(mean.reshape(lead), m2.reshape(lead), n)
+        return y, row_stats.reshaped(extra, lead)
     return y if extra is None else (y, extra.reshape(*lead, n))
 
 

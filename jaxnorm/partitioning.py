@@ -231,7 +231,7 @@ def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None],
     over (None when they are not): rows keep their sharding, kernels their columns, and a
     sharded normalized row (K pre-norm, N post-norm) becomes `axis_name`. `has_sum`: whether
     a post-norm op returns its pre-norm sum (default: when it has a residual); `stats`:
-    whether it returns (y, (mean, M2)), served with N unsharded."""
+    whether it returns (y, RowStats), served with N unsharded."""
     leaves, treedef = jax.tree.flatten(args)
     mesh = _explicit_mesh(leaves)
     if mesh is None:
@@ -259,7 +259,7 @@ def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None],
         if op.endswith("_dense"):
             return tuple(out)
         if stats:
-            return (out[0], *out[1])
+            return out[0], out[1].mean, out[1].m2
         if post_norm:
             return tuple(out) if has_sum else (out[0],)
         return (out,)
@@ -268,7 +268,7 @@ def over_explicit_mesh(op: str, args: tuple, fn: Callable[[tuple, tuple | None],
     if op.endswith("_dense"):
         return outs
     if stats:
-        return outs[0], tuple(outs[1:])
+        return outs[0], row_stats.RowStats(outs[1], outs[2], outs[0].shape[-1])
     if post_norm:
         return outs if has_sum else (outs[0], None)
     return outs[0]

@@ -119,9 +119,11 @@ def residual_dense(
             None if bias is None else jnp.asarray(bias), jnp.asarray(residual).reshape(-1, n))
     chosen = dispatch.resolve(OP, impl, *args)
     if impl is None and chosen == "xla":
-        h, mean, m2 = _stock(*args)
+        h = _stock(*args)[0]
+        stats = row_stats.of_rows(h)  # with mean(h^2): an RMSNorm reader keeps one reduction
     else:
         bias_dtype = None if bias is None else args[2].dtype
         s = _Static(chosen, impl is None, bias_dtype)
         h, mean, m2 = _residual_dense(s, *args)
-    return h.reshape(*lead, n), RowStats(mean.reshape(lead), m2.reshape(lead), n)
+        stats = RowStats(mean, m2, n)
+    return h.reshape(*lead, n), row_stats.reshaped(stats, lead)

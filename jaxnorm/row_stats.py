@@ -12,6 +12,11 @@ reading h again (docs/design.md, "Statistics from the producer"):
 digits in float32, while M2 is a sum of small, already-centred squares. Partials
 of column blocks combine by Chan's formula (`from_partials`), which only ever
 subtracts nearby means.
+
+The xla path's statistics (`of_rows`) also carry `mean_square`, mean(h^2): the one
+reduction RMSNorm needs, a sibling of the mean's. Under jit a reader that only
+scales rows (RMSNorm) keeps that one reduction and XLA drops the two-pass M2, so the
+xla producer costs what stock's norm costs; LayerNorm's readers use (mean, M2).
 """
 
 from __future__ import annotations
@@ -29,29 +34,33 @@ F32 = jnp.float32
 
 
 class RowStats(NamedTuple):
-    """float32 per-row `mean` and `m2` (shape: the rows' leading dims) of rows of `length`.
+    """float32 per-row `mean` and `m2` (shape: the rows' leading dims) of rows of `length`,
+    and optionally their `mean_square` (RMSNorm's statistic, where the producer had it).
 
-    A pytree whose leaves are `mean` and `m2`; `length` is static (tree metadata).
+    A pytree whose leaves are `mean`, `m2` and `mean_square` (None: none);
+    `length` is static (tree metadata).
     """
 
     mean: Array
     m2: Array
     length: int
+    mean_square: Array | None = None
 
 
 jax.tree_util.register_pytree_node(
     RowStats,
-    lambda s: ((s.mean, s.m2), s.length),
-    lambda length, leaves: RowStats(*leaves, length),
+    lambda s: ((s.mean, s.m2, s.mean_square), s.length),
+    lambda length, leaves: RowStats(leaves[0], leaves[1], length, leaves[2]),
 )
 
 
 def of_rows(h: Array) -> RowStats:
-    """Two-pass float32 statistics of the rows of h (what the xla path computes)."""
+    """float32 statistics of the rows of h (what the xla path computes): the two-pass
+    (mean, M2), and mean(h^2) in the mean's pass, which is all an RMSNorm reader keeps."""
     h32 = h.astype(F32)
     mean = jnp.mean(h32, axis=-1)
     m2 = jnp.sum(jnp.square(h32 - mean[..., None]), axis=-1)
-    return RowStats(mean, m2, h.shape[-1])
+    return RowStats(mean, m2, h.shape[-1], jnp.mean(jnp.square(h32), axis=-1))
 
 
 def of_split_rows(h32: Array, axis_name: tuple) -> RowStats:
@@ -61,7 +70,8 @@ def of_split_rows(h32: Array, axis_name: tuple) -> RowStats:
     n = h32.shape[-1] * jax.lax.psum(1, axis_name)
     mean = jax.lax.psum(jnp.sum(h32, axis=-1), axis_name) / n
     m2 = jax.lax.psum(jnp.sum(jnp.square(h32 - mean[..., None]), axis=-1), axis_name)
-    return RowStats(mean, m2, n)
+    mean_square = jax.lax.psum(jnp.sum(jnp.square(h32), axis=-1), axis_name) / n
+    return RowStats(mean, m2, n, mean_square)
 
 
 def output_cotangent(h: Array, mean: Array, dh: Array, d_mean: Array, d_m2: Array) -> Array:
@@ -97,7 +107,10 @@ def from_partials(sums: Array, m2s: Array, counts: int | Sequence[int]) -> tuple
 
 
 def rms_inverse(stats: RowStats, eps: float) -> Array:
-    """r = rsqrt(m2 / K + mean^2 + eps) per row, float32."""
+    """r = rsqrt(mean_square + eps), or without it rsqrt(m2 / K + mean^2 + eps), per row,
+    float32."""
+    if stats.mean_square is not None:
+        return rsqrt_plus_eps(stats.mean_square.astype(F32), eps)
     mean = stats.mean.astype(F32)
     return rsqrt_plus_eps(stats.m2.astype(F32) / stats.length + mean * mean, eps)
 
@@ -113,7 +126,8 @@ def check(name: str, stats: object, x_shape: tuple[int, ...], x_name: str = "x")
         raise TypeError(f"{name} must be jaxnorm.RowStats (as residual_dense returns); got "
                         f"{type(stats).__name__}")
     lead, k = tuple(x_shape[:-1]), x_shape[-1]
-    for field in ("mean", "m2"):
+    fields = ("mean", "m2") if stats.mean_square is None else ("mean", "m2", "mean_square")
+    for field in fields:
         value = getattr(stats, field)
         if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
             raise ValueError(f"{name}.{field} must be floating point; got "
@@ -125,9 +139,16 @@ def check(name: str, stats: object, x_shape: tuple[int, ...], x_name: str = "x")
     if stats.length != k:
         raise ValueError(f"{name}.length is {stats.length} but {x_name} has shape "
                          f"{tuple(x_shape)}: rows of length K={k}")
-    return RowStats(jnp.asarray(stats.mean, F32), jnp.asarray(stats.m2, F32), k)
+    mean_square = None if stats.mean_square is None else jnp.asarray(stats.mean_square, F32)
+    return RowStats(jnp.asarray(stats.mean, F32), jnp.asarray(stats.m2, F32), k, mean_square)
+
+
+def reshaped(stats: RowStats, lead: tuple[int, ...]) -> RowStats:
+    """The statistics with their rows arranged as `lead` (x's leading dims, or (-1,))."""
+    mean_square = None if stats.mean_square is None else stats.mean_square.reshape(lead)
+    return RowStats(stats.mean.reshape(lead), stats.m2.reshape(lead), stats.length, mean_square)
 
 
 def flat_rows(stats: RowStats) -> RowStats:
     """The statistics of the rows of x flattened to [M, K] (as the ops hand x on)."""
-    return RowStats(stats.mean.reshape(-1), stats.m2.reshape(-1), stats.length)
+    return reshaped(stats, (-1,))

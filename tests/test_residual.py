@@ -244,6 +244,46 @@ def test_automatic_fallback_runs_stocks_graph(request, kind):
                                rtol=2e-2)
 
 
+@pytest.mark.parametrize("producer", ["residual_dense", "dense_rms_norm"])
+def test_rms_reader_keeps_one_reduction_of_the_xla_statistics(request, producer):
+    """The xla path's statistics carry mean(h^2): an RMSNorm reader given them (its
+    given-statistics formulation here) keeps as many reductions as the same reader
+    reducing h itself, the dead two-pass (mean, M2) dropped; its output matches the
+    reader's from (mean, M2) alone to float32 rounding."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (8,), 64, 128)
+    consumer = consumer_inputs(rng, "rms", 128, (64,))
+    args = (inputs["x"], inputs["kernel"], inputs["residual"])
+
+    def produce(x, w, r):
+        if producer == "residual_dense":
+            return jaxnorm.residual_dense(x, w, r)
+        return jaxnorm.dense_rms_norm(x, w, None, None, residual_after=r,
+                                      return_statistics=True)
+
+    def given(x, w, r):
+        h, stats = produce(x, w, r)
+        assert stats.mean_square is not None
+        return consume("rms", h, stats, consumer, "xla")
+
+    def reducing_h(x, w, r):
+        return consume("rms", produce(x, w, r)[0], None, consumer, "xla")
+
+    def from_mean_and_m2(x, w, r):
+        h, stats = produce(x, w, r)
+        return consume("rms", h, stats._replace(mean_square=None), consumer, "xla")
+
+    counts = {fn.__name__: primitive_counts(fn, *args)["reduce_sum"]
+              for fn in (given, reducing_h, from_mean_and_m2)}
+    assert counts["given"] == counts["reducing_h"] < counts["from_mean_and_m2"], counts
+    h, stats = produce(*args)
+    h64 = np.asarray(h, np.float64)
+    np.testing.assert_allclose(stats.mean_square, np.mean(h64 * h64, axis=-1), rtol=1e-5)
+    # bf16 outputs of row scales equal to float32 rounding: at most one ulp apart.
+    np.testing.assert_allclose(np.float32(given(*args)), np.float32(from_mean_and_m2(*args)),
+                               rtol=2.0**-8, atol=1e-6)
+
+
 @pytest.fixture
 def kernel_where_automatic_picks_it(monkeypatch):
     """impl=None resolves as on a Hopper GPU, and the kernel it picks runs interpreted."""

@@ -146,7 +146,7 @@ def check_consumer(op: str, outputs, stats_impl: str | None, *, source: str | No
     `stats_impl` names the implementation of `residual_dense` that produced the
     statistics: a kernel's differ from the x it wrote by x's rounding, the xla path's
     only by float32. `source` ("float32" or "output") says so directly instead (the
-    post-norm ops' statistics are "float32" on every path)."""
+    post-norm ops' are "float32" from a kernel, "output" on the xla path)."""
     x = np.asarray(inputs["x"])
     eps, offset = inputs.get("eps", 1e-6), inputs.get("scale_offset", 0.0)
     scale, nb, kernel, bias = (inputs.get("scale"), inputs.get("norm_bias"), inputs["kernel"],
@@ -245,14 +245,18 @@ def _post_norm_reference(op: str, impl: str | None,
     """(h64, the error bound of the float32 h before its rounding): a kernel's dot keeps
     its float32 accumulator, the xla path's rounds to x's dtype (as the stock layers)."""
     g = inputs.get
-    kernel_path = impl in ("mosaic", "interpret") or (
-        impl is None and (dispatch.last_automatic_choice(op) or ("xla",))[0] != "xla")
     h64, t_h32, _, _ = post_norm_reference(
         "rms" if op == "dense_rms_norm" else "layer", g("x"), g("kernel"), g("bias"),
         g("scale"), g("norm_bias"), None, g("eps", 1e-6), g("scale_offset", 0.0),
         g("residual_after"), y_dtype=np.float32,
-        dot_dtype=np.float32 if kernel_path else None)
+        dot_dtype=np.float32 if _kernel_path(op, impl) else None)
     return h64, t_h32
+
+
+def _kernel_path(op: str, impl: str | None) -> bool:
+    """Whether `op` ran (or impl=None last chose) a kernel, not the xla path."""
+    return impl in ("mosaic", "interpret") or (
+        impl is None and (dispatch.last_automatic_choice(op) or ("xla",))[0] != "xla")
 
 
 def check_post_norm_statistics(op: str, impl: str | None = "xla", **inputs) -> float:
@@ -266,6 +270,8 @@ def check_post_norm_statistics(op: str, impl: str | None = "xla", **inputs) -> f
                                g("norm_bias"), None, h, None, g("eps", 1e-6),
                                g("scale_offset", 0.0), g("residual_after"))
     h64, t_h32 = _post_norm_reference(op, impl, inputs)
+    if not _kernel_path(op, impl):  # the xla path takes them of the stored h
+        h64, t_h32 = f64(np.asarray(h)), np.zeros(np.shape(h))
     mean64, m2_64 = row_statistics(h64)
     t_mean, t_m2 = statistics_tolerance(h64, t_h32)
     judged += [Judged("mean", np.asarray(mean), mean64, t_mean),
@@ -288,13 +294,15 @@ def check_post_norm_statistics_grad(op: str, impl: str | None = "xla", *, seed: 
     d_m2 = rng.standard_normal(mean.shape).astype(np.float32)
     (grads,) = vjp((jnp.asarray(dh), jnp.asarray(d_mean), jnp.asarray(d_m2)))
     h64, _ = _post_norm_reference(op, impl, inputs)
-    mean64, _ = row_statistics(h64)
+    # The statistics are of the float32 h from a kernel, of the stored h on the xla path.
+    stats_of = h64 if _kernel_path(op, impl) else f64(np.asarray(h))
+    mean64, _ = row_statistics(stats_of)
     parts = (f64(dh), f64(d_mean)[..., None] / n, 2 * f64(d_m2)[..., None])
-    dh_total = parts[0] + parts[1] + parts[2] * (h64 - mean64[..., None])
+    dh_total = parts[0] + parts[1] + parts[2] * (stats_of - mean64[..., None])
     # h - mean is taken of a float32 h, which errs by u_f32 |h|: next to the budget's u_op
     # (verify.tolerances) that is a term (u_f32 / u_op) |h|, which matters at |mean| >> std
     # in float32 only.
-    centred = np.abs(h64 - mean64[..., None])
+    centred = np.abs(stats_of - mean64[..., None])
     rounding = tol.U_F32 / tol.unit_roundoff(np.asarray(inputs["x"]).dtype) * np.abs(h64)
     magnitude = np.abs(parts[0]) + np.abs(parts[1]) + np.abs(parts[2]) * (centred + rounding)
     return check_grads_of(op, grads, [dh_total], dy_magnitudes=[magnitude], **inputs)

@@ -132,12 +132,14 @@ def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
                        residual_after: bool, pre_norm_sum: bool,
                        output_stats: bool) -> tuple[Array, ...]:
     """(y [+ the residual added after the norm, in float32], h or None) in x.dtype; with
-    `output_stats`, (y, mean, M2): the row statistics of the float32 y before its rounding."""
+    `output_stats`, (y, mean, M2): the row statistics of the stored y, as `residual_dense`'s
+    xla path (no float32 y is kept for them)."""
     if residual_after:
         y = y + residual.astype(jnp.float32)
     if output_stats:
+        y = y.astype(x.dtype)
         stats = row_stats.of_rows(y)
-        return y.astype(x.dtype), stats.mean, stats.m2
+        return y, stats.mean, stats.m2
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
 
 
