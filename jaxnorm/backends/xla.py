@@ -135,12 +135,21 @@ def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
     `output_stats`, (y, mean, M2): the row statistics of the stored y, as `residual_dense`'s
     xla path (no float32 y is kept for them)."""
     if residual_after:
-        y = y + residual.astype(jnp.float32)
+        y = _stored(y + residual.astype(jnp.float32), x.dtype)
     if output_stats:
         y = y.astype(x.dtype)
         stats = row_stats.of_rows(y)
         return y, stats.mean, stats.m2
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
+
+
+def _stored(y32: Array, dtype: jnp.dtype) -> Array:
+    """y32 rounded to `dtype`, and written so: the residual stream's every reader takes the
+    stored rows. Without the barrier XLA (excess precision allowed) drops the round trip
+    to float32 and keeps the float32 sum instead: twice the bytes for each reader, and a
+    conversion for the kernels that read it."""
+    y = y32.astype(dtype)
+    return y if dtype == jnp.float32 else lax.optimization_barrier(y)
 
 
 @register("dense_rms_norm", "xla")
