@@ -276,8 +276,9 @@ def dense_rms_norm(
     returns h = residual_after + RMSNorm(x @ kernel + bias), added in float32 before
     the one rounding to x's dtype: Gemma 2/3's and OLMo 2's post-sublayer norm
     (docs/post-norm.md); with `return_statistics=True` too, (h, h's `RowStats`):
-    float32 (mean, M2) of the float32 h before its rounding, for the next pre-norm
-    op's `statistics=` (as `residual_dense` returns them), differentiable like h.
+    float32 (mean, M2) of the float32 h before its rounding from a kernel, of the
+    stored h on the xla path (as `residual_dense`'s), for the next pre-norm op's
+    `statistics=`, differentiable like h.
     Statistics need `residual_after` (ValueError otherwise). `scale_offset=1.0` is
     Gemma's (1 + scale) gain. With `axis_name` (column-parallel) the kernel's columns
     and the N-vectors are this shard's N-slice, normalized with whole-row statistics.
