@@ -332,6 +332,12 @@ def _dense_norm_primal(s: _Static, x, kernel, bias, scale, norm_bias, residual, 
                     **_stats_kwargs(output_stats))
 
 
+def _statistics_rows(s: _Static, y32: Array) -> Array:
+    """The rows a residual-after op's statistics are of: the float32 sum from a kernel, the
+    stored y (rounded to x's dtype) on the xla path, as its forward takes them."""
+    return y32.astype(s.dtypes[0]) if s.impl == "xla" else y32
+
+
 def _returns_sum(s: _Static) -> bool:
     """Whether the op returns (y, pre-norm sum): with a residual added before the norm."""
     return s.dtypes[5] is not None and not s.residual_after
@@ -371,7 +377,7 @@ def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
         y32 = normed.astype(F32) + residual.astype(F32)
         y = y32.astype(x.dtype)
         if s.output_stats:
-            out_stats = row_stats.of_rows(y if s.impl == "xla" else y32)
+            out_stats = row_stats.of_rows(_statistics_rows(s, y32))
     else:
         y, h = _dense_norm_primal(s, x, kernel, bias, scale, norm_bias, residual,
                                   pre_norm_sum=True, after=False)
@@ -395,8 +401,7 @@ def _dense_norm_bwd(s: _Static, res, cotangents: Any):
         residual, norm_bias, mean = out  # h - mean), as the statistics were taken of it
         y32 = sharding.normalized(s.kind, h.astype(F32), stats, _gain(scale, 0.0), norm_bias)
         y32 = y32 + residual.astype(F32)
-        y_stats = y32.astype(s.dtypes[0]) if s.impl == "xla" else y32
-        dy = row_stats.output_cotangent(y_stats, mean, *cotangents)
+        dy = row_stats.output_cotangent(_statistics_rows(s, y32), mean, *cotangents)
     g = dy.astype(F32)
     rows = _rows(s.kind, h.astype(F32), stats)
     dh = _norm_input_grad(s, rows, g * _gain(scale, 0.0))
@@ -444,9 +449,11 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
     s = _static(kind, eps, 0.0, chosen, axis_name, x, kernel, bias, scale, norm_bias, residual,
                 automatic=automatic, residual_after=residual_after, output_stats=output_stats)
     if impl is None and chosen == "xla":
-        out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
         if output_stats:  # those of the stored y, as residual_dense's: no float32 y is kept
-            return out[0], row_stats.of_rows(out[0])
+            y = _dense_norm_stock(s._replace(output_stats=False), x, kernel, bias, scale,
+                                  norm_bias, residual)
+            return y, row_stats.of_rows(y)
+        out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
     else:
         out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias,
                                                      residual))

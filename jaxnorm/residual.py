@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm import _checks, dispatch, row_stats
-from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
+from jaxnorm.backends import xla as _xla  # registers the xla backend too
 from jaxnorm.backends.xla import matmul_f32
 from jaxnorm.row_stats import RowStats
 
@@ -119,7 +119,7 @@ def residual_dense(
             None if bias is None else jnp.asarray(bias), jnp.asarray(residual).reshape(-1, n))
     chosen = dispatch.resolve(OP, impl, *args)
     if impl is None and chosen == "xla":
-        h = _stock(*args)[0]
+        h = _xla.residual_sum(*args)
         stats = row_stats.of_rows(h)  # with mean(h^2): an RMSNorm reader keeps one reduction
     else:
         bias_dtype = None if bias is None else args[2].dtype

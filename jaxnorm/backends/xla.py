@@ -136,8 +136,7 @@ def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
     xla path (no float32 y is kept for them)."""
     if residual_after:
         y = _stored(y + residual.astype(jnp.float32), x.dtype)
-    if output_stats:
-        y = y.astype(x.dtype)
+    if output_stats:  # residual_after's (ops refuse it otherwise): y is stored already
         stats = row_stats.of_rows(y)
         return y, stats.mean, stats.m2
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
@@ -205,6 +204,12 @@ def residual_dense(
     residual added in x.dtype, which XLA fuses into cuBLAS as beta = 1), then h's two-pass
     float32 row statistics."""
     return residual_outputs(_linear(x, kernel, bias), residual)
+
+
+def residual_sum(x: Array, kernel: Array, bias: Array | None, residual: Array) -> Array:
+    """h = x @ W + b + residual in x's dtype, as `residual_dense` writes it, without its
+    statistics (for callers that take RowStats of h themselves)."""
+    return _linear(x, kernel, bias) + residual.astype(x.dtype)
 
 
 def residual_outputs(y: Array, residual: Array) -> tuple[Array, Array, Array]:
