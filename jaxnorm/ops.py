@@ -273,8 +273,9 @@ def dense_rms_norm(
 
     With `residual`, returns (normed, pre-norm sum) so the sum can feed the
     residual stream without being recomputed. With `residual_after` instead,
-    returns h = residual_after + RMSNorm(x @ kernel + bias), added in float32 before
-    the one rounding to x's dtype: Gemma 2/3's and OLMo 2's post-sublayer norm
+    returns h = residual_after + RMSNorm(x @ kernel + bias) in x's dtype (a kernel adds in
+    float32 before one rounding; the xla path adds the rounded norm as stock Flax adds a
+    sublayer's output): Gemma 2/3's and OLMo 2's post-sublayer norm
     (docs/post-norm.md); with `return_statistics=True` too, (h, h's `RowStats`):
     float32 (mean, M2) of the float32 h before its rounding from a kernel, of the
     stored h on the xla path (as `residual_dense`'s), for the next pre-norm op's

@@ -131,24 +131,20 @@ def _pre_norm_sum(x: Array, kernel: Array, bias: Array | None, residual: Array |
 def _post_norm_outputs(x: Array, h: Array, y: Array, residual: Array | None,
                        residual_after: bool, pre_norm_sum: bool,
                        output_stats: bool) -> tuple[Array, ...]:
-    """(y [+ the residual added after the norm, in float32], h or None) in x.dtype; with
-    `output_stats`, (y, mean, M2): the row statistics of the stored y, as `residual_dense`'s
-    xla path (no float32 y is kept for them)."""
+    """(y [+ the residual added after the norm], h or None) in x.dtype; with `output_stats`,
+    (y, mean, M2): the row statistics of the stored y, as `residual_dense`'s xla path.
+
+    The residual is added after y's rounding, in x's dtype, as stock Flax adds a
+    sublayer's output: XLA then writes the residual stream in x's dtype and takes the
+    next norm's statistics in the same fusion. A float32 add with one rounding is
+    what the kernels do; here XLA (excess precision allowed) would drop that rounding
+    for the stream's float32 readers and keep the float32 sum."""
     if residual_after:
-        y = _stored(y + residual.astype(jnp.float32), x.dtype)
+        y = y.astype(x.dtype) + residual.astype(x.dtype)
     if output_stats:  # residual_after's (ops refuse it otherwise): y is stored already
         stats = row_stats.of_rows(y)
         return y, stats.mean, stats.m2
     return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
-
-
-def _stored(y32: Array, dtype: jnp.dtype) -> Array:
-    """y32 rounded to `dtype`, and written so: the residual stream's every reader takes the
-    stored rows. Without the barrier XLA (excess precision allowed) drops the round trip
-    to float32 and keeps the float32 sum instead: twice the bytes for each reader, and a
-    conversion for the kernels that read it."""
-    y = y32.astype(dtype)
-    return y if dtype == jnp.float32 else lax.optimization_barrier(y)
 
 
 @register("dense_rms_norm", "xla")
@@ -166,7 +162,7 @@ def dense_rms_norm(
 ) -> tuple[Array, ...]:
     """(RMSNorm(x @ W + b [+ residual]), the pre-norm sum or None), the sum with the
     residual kept in float32 until the end; with `residual_after`, (residual +
-    RMSNorm(x @ W + b), h or None), the add in float32 too. `output_stats` (with
+    RMSNorm(x @ W + b), h or None), the add in x's dtype. `output_stats` (with
     pre_norm_sum=False) returns (y, mean, M2) of y's float32 rows instead."""
     h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
