@@ -45,23 +45,17 @@ def rotate_half(h: Array, cos: Array, sin: Array) -> Array:
 def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
                  q_scale: Array | None, k_scale: Array | None, cos: Array, sin: Array,
                  stats: RowStats | None, *, head_dim: int, eps: float, qk_eps: float,
-                 scale_offset: float, impl: str | None, lead: tuple[int, ...] | None = None
-                 ) -> tuple[Array, Array, Array]:
-    """The unfused ops, each dispatching on its own under impl=None.
-
-    The heads are normalized and rotated in x's leading dims (`lead`, [B, T] in a model)
-    as stock does, so XLA can lay them out for the attention dot that reads them."""
+                 scale_offset: float, impl: str | None) -> tuple[Array, Array, Array]:
+    """The unfused ops, each dispatching on its own under impl=None."""
     q, k, v = ops.rms_norm_dense(x, scale, (w_q, w_k, w_v), eps=eps, scale_offset=scale_offset,
                                  impl=impl, statistics=stats)
     m = x.shape[0]
-    rows = (m,) if lead is None else lead
-    c, s = (t.reshape(*rows, t.shape[-1]) for t in (cos, sin))
 
     def normed_rotated(h: Array, gain: Array | None) -> Array:
-        heads = h.reshape(*rows, -1, head_dim)
+        heads = h.reshape(m, -1, head_dim)
         if gain is not None:
             heads = ops.rms_norm(heads, gain, eps=qk_eps, scale_offset=scale_offset, impl=impl)
-        return rotate_half(heads, c, s).reshape(m, -1)
+        return rotate_half(heads, cos, sin).reshape(m, -1)
 
     return normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
 
@@ -139,7 +133,7 @@ def rms_norm_attention_input(
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
     if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`
-        outs = _composition(*args, **kwargs, impl=impl, lead=lead)
+        outs = _composition(*args, **kwargs, impl=impl)
     else:
         outs = dispatch.call_with_xla_backward(OP, chosen, *args, **kwargs)
     return tuple(o.reshape(*lead, o.shape[-1]) for o in outs)

@@ -191,15 +191,9 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,
-         scale_offset: float, impl: str | None, axis_name: tuple | None = None,
-         lead: tuple[int, ...] | None = None) -> Array:
+         scale_offset: float, impl: str | None, axis_name: tuple | None = None) -> Array:
     """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]
-    (this shard's K columns with `axis_name`).
-
-    `lead`: the caller's leading dims (their product is M). An automatic fallback
-    normalizes x in them, as stock Flax does, so XLA is free to lay the rows out as it
-    would stock's (e.g. QK-norm's heads transposed for the attention dot that reads them;
-    [M, K] rows pin them to K-minor)."""
+    (this shard's K columns with `axis_name`)."""
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
             f"{kind}_norm", (x, scale, bias), lambda a, axis: norm(
@@ -209,9 +203,7 @@ def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: f
         op, args = f"{kind}_norm", (x, *_norm_params(kind, scale, bias))
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            rows = x if lead is None else x.reshape(*lead, x.shape[-1])
-            y = dispatch.call(op, "xla", rows, *args[1:], eps=eps, scale_offset=scale_offset)
-            return y.reshape(x.shape)
+            return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
         impl = chosen
     else:
         automatic = False

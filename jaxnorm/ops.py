@@ -62,7 +62,7 @@ def rms_norm(
     x2, lead = _flatten(x)
     y = autodiff.norm(
         "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl,
-        axis_name=axis, lead=lead,
+        axis_name=axis,
     )
     return y.reshape(*lead, k)
 

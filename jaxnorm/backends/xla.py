@@ -47,7 +47,7 @@ def matmul_f32(a: Array, w: Array) -> Array:
 
 def rms_normalized_f32(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
     x32 = x.astype(jnp.float32)
-    return x32 * statistics.rms_inverse(x32, eps)[..., None] * _gain(scale, scale_offset)
+    return x32 * statistics.rms_inverse(x32, eps)[:, None] * _gain(scale, scale_offset)
 
 
 def layer_normalized_f32(
