@@ -10,7 +10,7 @@ as stock Flax runs them (cuBLAS, or at M = 1 XLA's reduction), and our decode ke
 (all weights in one launch, row scale in the epilogue, `r` given) over a handful of
 configs. `--launches single` (default): single weights at the presets' decode widths
 and a vocab head; `--launches presets`: the 1B-class presets' own q/k/v, o and down
-launches (bench/shapes.py's model dimensions):
+launches (bench/shapes.py's model dimensions); `--launches gemma`: Gemma-3-1B's o and down:
 first the model's pick at every shape, then (while the budget lasts) the
 alternatives, each pass measured interleaved with cuBLAS (two rounds, the
 better median of each kept; ratios are to the same pass's cuBLAS) with
@@ -49,6 +49,8 @@ LAUNCHES: dict[str, list[Launch]] = {
     # Llama-3.2-1B and Qwen3-0.6B decode: q/k/v in one launch, o, down.
     "presets": [(2048, (2048, 512, 512)), (2048, (2048,)), (8192, (2048,)),
                 (1024, (2048, 1024, 1024)), (2048, (1024,)), (3072, (1024,))],
+    # Gemma-3-1B decode: o and down, each followed by its post-norm (dense_rms_norm).
+    "gemma": [(1024, (1152,)), (6912, (1152,))],
 }
 ROWS = (1, 8, 16, 64)
 SMOKE_LAUNCHES, SMOKE_ROWS = [(128, (192,)), (128, (128, 64))], (8,)

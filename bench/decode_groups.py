@@ -1,6 +1,6 @@
 """The decode MLP input group (pallas_kernels/decode_gated.py) against XLA at the presets' shapes.
 
-    PYTHONPATH=. python -m bench.decode_groups --out $OUT [--budget-s 120]   # H200
+    PYTHONPATH=. python -m bench.decode_groups --out $OUT [--budget-s 120] [--shapes 1152x6912]
     PYTHONPATH=. python -m bench.decode_groups --smoke --out /tmp/d          # CPU, interpreter
 
 Per shape (M x K x (d_ff + d_ff); M = 1, 8, 64; K x d_ff and activation of Llama-3.2-1B,
@@ -208,6 +208,22 @@ def table(rows: list[dict[str, Any]]) -> report.TextTable:
          "unfolded/stock"], lines, left_columns=3)
 
 
+def _shape_filter(text: str) -> set[tuple[int, int]]:
+    """"1152x6912,1024x3072" -> {(1152, 6912), (1024, 3072)}; each must be one of SHAPES."""
+    known = {(k, n) for k, n, _ in SHAPES + SMOKE_SHAPES}
+    picked = set()
+    for item in text.split(","):
+        try:
+            k, n = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not K x d_ff, e.g. 1152x6912")
+        if (k, n) not in known:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is none of the shapes: {', '.join(f'{a}x{b}' for a, b in sorted(known))}")
+        picked.add((k, n))
+    return picked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
@@ -216,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel configs per shape at most, the model's pick first")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes under the Pallas interpreter (CPU)")
+    parser.add_argument("--shapes", type=_shape_filter, default=None,
+                        help="K x d_ff of SHAPES to run, comma-separated (default: all)")
     decode_table_writer.add_table_arguments(
         parser, "jaxnorm/backends/decode_gated_measured.py", "python -m bench.decode_groups")
     args = parser.parse_args(argv)
@@ -232,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.smoke else 10
     sms = 4 if args.smoke else jax.devices()[0].core_count
     shapes = [(m, k, n, act) for k, n, act in (SMOKE_SHAPES if args.smoke else SHAPES)
+              if args.shapes is None or (k, n) in args.shapes
               for m in (SMOKE_ROWS if args.smoke else ROWS)]
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    budget_s=args.budget_s, rows=[], skipped=[])

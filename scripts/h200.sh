@@ -6,6 +6,10 @@
 #   bash scripts/h200.sh kernels doctor hf-parity     # kernel checks, the doctor, checkpoints
 #   ONLY=gated,residual KERNELS_LIMIT=120 bash scripts/h200.sh kernels decode-box post-after parity
 #   GROUPS_LIMIT=100 bash scripts/h200.sh decode-groups      # the decode MLP-input group vs XLA
+#   GROUPS_ARGS="--shapes 1152x6912" GATED_PRIOR=bench/results/2026-12-01-decode/decode-groups.json \
+#     RUN_COMMIT=abc1234 bash scripts/h200.sh decode-groups gated-table   # one shape, merged
+#   DECODE_ARGS="--launches gemma --rows 1,8" DECODE_PRIOR="a.json b.json" bash scripts/h200.sh \
+#     decode-launches decode-table     # decode GEMM launches measured, merged into its table
 #   ONLY="decode attention input" bash scripts/h200.sh kernels decode-attention  # its checks, bench
 #   ATTN_ARGS="--rows 1,8" RUN_COMMIT=abc1234 bash scripts/h200.sh decode-attention attention-table
 #   ATTN_PRIOR=bench/results/2026-12-01-decode/decode-attention.json ...  # keep earlier runs' rows
@@ -56,15 +60,24 @@ for name in "$@"; do
     kernels) stage check_kernels "${KERNELS_LIMIT:-200}" env OUT="$WORK" python3 bench/gpu/check_kernels.py ;;
     decode-sweep) stage decode_sweep 230 python3 -m bench.decode_gemm --rows 1,64 --budget-s 210 \
                     --out "$WORK/decode_sweep" ;;
+    decode-launches)  # DECODE_ARGS="--launches gemma --rows 1,8": one launch set
+      stage decode_launches "${LAUNCHES_LIMIT:-120}" python3 -m bench.decode_gemm ${DECODE_ARGS:-} \
+        --budget-s $(( ${LAUNCHES_LIMIT:-120} - 20 )) --out "$WORK/decode_launches" ;;
+    decode-table)  # after decode-launches: its configs (over DECODE_PRIOR's runs) become the table
+      stage decode_table 30 python3 -m bench.decode_gemm --write-table ${DECODE_PRIOR:-} \
+        "$WORK/decode_launches/decode-gemm.json" --run-commit "${RUN_COMMIT:-unknown}" \
+        --run-command "python -m bench.decode_gemm ${DECODE_ARGS:-}"
+      cp pallas_kernels/decode_configs.py "$WORK/" ;;
     decode-presets) stage decode_presets "${PRESETS_LIMIT:-170}" python3 -m bench.decode_gemm \
                       --launches presets --rows "${ROWS:-1,8}" --configs 2 --budget-s 120 \
                       --out "$WORK/decode_presets" ;;
     decode-groups) stage decode_groups "${GROUPS_LIMIT:-120}" python3 -m bench.decode_groups \
-                     --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) --out "$WORK/decode_groups" ;;
-    gated-table)  # after decode-groups: its measured ratios become dispatch's table, here
-      stage gated_table 30 python3 -m bench.decode_groups --write-table \
+                     --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) --out "$WORK/decode_groups" \
+                     ${GROUPS_ARGS:-} ;;
+    gated-table)  # after decode-groups: its ratios (over GATED_PRIOR's runs) become dispatch's table
+      stage gated_table 30 python3 -m bench.decode_groups --write-table ${GATED_PRIOR:-} \
         "$WORK/decode_groups/decode-groups.json" --run-commit "${RUN_COMMIT:-unknown}" \
-        --run-command "python -m bench.decode_groups --budget-s $(( ${GROUPS_LIMIT:-120} - 20 ))"
+        --run-command "python -m bench.decode_groups --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) ${GROUPS_ARGS:-}"
       cp jaxnorm/backends/decode_gated_measured.py "$WORK/" ;;
     decode-attention) stage decode_attention "${ATTN_LIMIT:-220}" python3 -m bench.decode_attention_bench \
                         --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) --out "$WORK/decode_attention" \

@@ -12,11 +12,12 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One pre-norm GEMM op, one standalone norm, one post-norm op with a residual, one with its
-# output's statistics, one decode gated shape, and the kernel-level transport and GEMM-variant
-# checks.
+# output's statistics (and one at decode rows, through the decode GEMM), one decode gated shape,
+# and the kernel-level transport and GEMM-variant checks.
 ONLY = ["rms_norm 4x2048", "dense_rms_norm 64x64x256", "row_norm rms",
         "post_norm rms 128x64x512", "lazy GEMM", "layer_norm_dense 16x128x128",
-        "residual-after stats dense_layer_norm", "decode gated silu 8x64x"]
+        "residual-after stats dense_layer_norm", "residual-after stats dense_rms_norm 1x192",
+        "decode gated silu 8x64x"]
 
 
 def test_smoke_mode_passes_and_reports(tmp_path):
@@ -34,5 +35,5 @@ def test_smoke_mode_passes_and_reports(tmp_path):
         assert any(c == check and s == "pass" for (c, _), s in statuses.items()), check
     assert all(s in ("pass", "skip") for s in statuses.values()), statuses
     assert all(any(w in f"{c} {case}" for w in ONLY) for c, case in statuses)
-    # Five op cases (with the decode gated one), three checks each; three kernel cases.
-    assert len(rows) == 5 * 3 + 3, sorted(statuses)
+    # Six op cases (with the decode ones), three checks each; three kernel cases.
+    assert len(rows) == 6 * 3 + 3, sorted(statuses)

@@ -19,9 +19,10 @@ H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", p
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 
-# (K, N): the presets' decode projections and a vocab head.
+# (K, N): the presets' decode projections, a vocab head, and Gemma-3-1B's o and down (the
+# products of its post-norm ops at decode).
 SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384),
-          (8192, 2048), (1024, 4096), (2048, 128256)]
+          (8192, 2048), (1024, 4096), (2048, 128256), (1024, 1152), (6912, 1152)]
 
 
 def _lower(m: int, k: int, ns: tuple[int, ...], config: dc.DecodeConfig | None,

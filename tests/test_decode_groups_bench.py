@@ -73,3 +73,10 @@ def test_candidates_are_distinct_and_start_with_the_pick():
     configs = decode_groups.candidate_configs(1, 4096, 14336, 132)
     assert configs[0] == decode_groups.dc.gated_decode_config(1, 4096, 14336, sms=132)
     assert len(set(configs)) == len(configs) >= 3
+
+
+def test_shape_filter_picks_listed_shapes_and_refuses_unknown_ones():
+    assert decode_groups._shape_filter("1152x6912,1024X3072") == {(1152, 6912), (1024, 3072)}
+    for bad in ("1152x6913", "1152", "axb"):
+        with pytest.raises(Exception, match="1152x6912"):
+            decode_groups._shape_filter(bad)

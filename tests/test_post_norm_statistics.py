@@ -199,9 +199,9 @@ def test_kernel_partials_over_several_ctas_and_blocks(rng, kind, tile_n, cluster
 
 @pytest.mark.parametrize("op", OPS)
 def test_kernel_through_the_op_with_padded_rows(rng, op):
-    """The public op on the kernel: M = 50 (not a multiple of the 64-row tile), rows over
-    two CTAs, |mean|/std ~ 1e3; and its gradient (kernel forward)."""
-    inputs = _inputs(rng, (50,), 128, 512, op=op, mean_ratio=1e3)
+    """The public op on the kernel: M = 100 (not a multiple of the 64-row tile, above
+    decode's 64), rows over two CTAs, |mean|/std ~ 1e3; and its gradient (kernel forward)."""
+    inputs = _inputs(rng, (100,), 128, 512, op=op, mean_ratio=1e3)
     assert vr.check_post_norm_statistics(op, "interpret", **inputs) <= 1.0
     assert_race_free()
     h_xla, _ = _call(op, inputs, "xla", return_statistics=True)
@@ -209,6 +209,44 @@ def test_kernel_through_the_op_with_padded_rows(rng, op):
     assert h.shape == h_xla.shape
     assert vr.check_post_norm_statistics_grad(op, "interpret", **inputs) <= 1.0
     assert_race_free()
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_decode_rows_take_the_decode_gemm_then_the_xla_norm(rng, op, m):
+    """At M <= 64 the op's product is the decode GEMM's (interpreter, race detection) and
+    XLA norms it: against float64, |mean|/std ~ 1e3, with the statistics; and the norm
+    after the product is the xla path's, so with the xla path's own product it agrees
+    with the xla path to bf16 rounding of the product."""
+    inputs = _inputs(rng, (m,), 192, 256, op=op, mean_ratio=1e3)
+    assert vr.check_post_norm_statistics(op, "interpret", **inputs) <= 1.0
+    assert_race_free()
+    y, stats = _call(op, inputs, "interpret", return_statistics=True)
+    y_xla, stats_xla = _call(op, inputs, "xla", return_statistics=True)
+    assert y.shape == y_xla.shape == (m, 256) and stats.mean.shape == (m,)
+    np.testing.assert_allclose(np.asarray(y, F32), np.asarray(y_xla, F32),
+                               rtol=2**-6, atol=2**-6 * float(np.abs(np.asarray(y_xla, F32)).max()))
+
+
+def test_decode_rows_follow_the_decode_gemm_table(monkeypatch):
+    """impl=None at M <= 64 asks the decode GEMM's measured table (the post-norm kernel's
+    residual-after rule is for prefill): kernel at a launch measured <= DECODE_MAX_RATIO of
+    cuBLAS, the reason at one measured slower or not measured at all."""
+    from jaxnorm.backends import mosaic_norms
+    from pallas_kernels import decode_configs, hardware
+    fields = dict(tile_n=64, tile_k=64, split_k=1, stages=12, warpgroups=1)
+    monkeypatch.setattr(decode_configs, "ENTRIES", (
+        ((1, 6912, (1152,)), fields, 0.61), ((8, 6912, (1152,)), fields, 1.2)))
+    monkeypatch.setattr(decode_configs, "PROVENANCE", {"sms": hardware.num_sms()})
+    w, bf = jnp.ones((6912, 1152), jnp.bfloat16), jnp.bfloat16
+    decline = mosaic_norms._post_norm_not_faster
+    assert decline("rms", jnp.ones((1, 6912), bf), w, jnp.ones((1, 1152), bf), True) is None
+    assert decline("layer", jnp.ones((1, 6912), bf), w, None) is None
+    assert "1.200x cuBLAS" in decline("rms", jnp.ones((8, 6912), bf), w, None, True)
+    assert "no measured shape" in decline("rms", jnp.ones((1, 512), bf), jnp.ones((512, 64), bf),
+                                          None, True)
+    # Above decode's rows the post-norm kernel's own rule still holds.
+    assert "not yet measured" in decline("rms", jnp.ones((128, 6912), bf), w, None, True)
 
 
 # ------------------------------------------------------------------ the models

@@ -242,14 +242,16 @@ def _post_norm_with_statistics(op: str, impl: str | None, inputs: dict):
 
 def _post_norm_reference(op: str, impl: str | None,
                          inputs: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(h64, the error bound of the float32 h before its rounding): a kernel's dot keeps
-    its float32 accumulator, the xla path's rounds to x's dtype (as the stock layers)."""
+    """(h64, the error bound of the float32 h before its rounding): the post-norm kernel's
+    dot keeps its float32 accumulator; the xla path's rounds to x's dtype (as the stock
+    layers), and so does the decode GEMM's, which serves a kernel path at M <= 64."""
     g = inputs.get
+    rows = int(np.prod(np.shape(g("x"))[:-1]))
+    keeps_f32 = _kernel_path(op, impl) and rows > DECODE_ROWS
     h64, t_h32, _, _ = post_norm_reference(
         "rms" if op == "dense_rms_norm" else "layer", g("x"), g("kernel"), g("bias"),
         g("scale"), g("norm_bias"), None, g("eps", 1e-6), g("scale_offset", 0.0),
-        g("residual_after"), y_dtype=np.float32,
-        dot_dtype=np.float32 if _kernel_path(op, impl) else None)
+        g("residual_after"), y_dtype=np.float32, dot_dtype=np.float32 if keeps_f32 else None)
     return h64, t_h32
 
 

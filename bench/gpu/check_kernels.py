@@ -385,11 +385,14 @@ def residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
 
 # h = r + Norm(x @ W + b) with its RowStats (`return_statistics=True`): (op, full size, smoke
 # size, |mean| of the residual rows): Gemma-2-9B's post-attention and post-feedforward norms
-# (d = 3584), rows of |mean|/std ~ 1e3 included.
+# (d = 3584), rows of |mean|/std ~ 1e3 included; and Gemma-3-1B's down and o at decode (M <= 64:
+# the decode GEMM's product, normed by XLA).
 RESIDUAL_AFTER_STATS_CASES = [
     ("dense_rms_norm", (4096, 4096, 3584), (50, 128, 512), 1e3),
     ("dense_layer_norm", (4096, 4096, 3584), (64, 64, 256), 0.0),
     ("dense_rms_norm", (4096, 14336, 3584), (64, 256, 256), 0.0),
+    ("dense_rms_norm", (1, 6912, 1152), (1, 192, 256), 1e3),
+    ("dense_rms_norm", (8, 1024, 1152), (7, 128, 256), 0.0),
 ]
 
 

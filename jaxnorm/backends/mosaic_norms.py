@@ -2,7 +2,8 @@
 
 Thin adapters: pick a kernel config from the shape (the heuristics live with
 the kernels in `pallas_kernels`, which raise `Unsupported` for what they do not
-serve, so that dispatch can fall back to xla), pad rows to whole tiles, and run
+serve, so that dispatch can fall back to xla), pad rows to whole tiles (at decode, M <= 64,
+the post-norm ops' product is the decode GEMM's and XLA norms it), and run
 the kernel compiled for the GPU (`mosaic_device.on_gpu_only`: Unsupported with the
 reason anywhere else) or, with `interpret=True`, under the Pallas GPU interpreter
 with race detection.
@@ -14,9 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm import row_stats
+from jaxnorm.backends import xla
+from jaxnorm.backends.mosaic_dense import decode_not_faster
 from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import hardware, post_norm_matmul, row_norm
+from pallas_kernels import decode_matmul, hardware, post_norm_matmul, row_norm
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.padding import pad_rows, round_up
 
@@ -133,6 +136,9 @@ def _post_norm(
     for name, a in (("kernel", kernel), ("residual", residual)):
         if a is not None and a.dtype != x.dtype:
             raise Unsupported(f"{name} dtype {a.dtype} differs from x dtype {x.dtype}")
+    if m <= decode_matmul.MAX_ROWS:
+        return _post_norm_decode(kind, x, kernel, bias, scale, norm_bias, residual, eps,
+                                 pre_norm_sum, residual_after, output_stats, interpret)
     padded_m = round_up(m, _POST_NORM_ROW_TILE)
     if interpret:
         config = post_norm_matmul.select_config(
@@ -158,6 +164,33 @@ def _post_norm(
     sums, m2s = outs[2]
     mean, m2 = row_stats.from_partials(sums[:, :m], m2s[:, :m], config.tile_n)
     return y, mean, m2
+
+
+def _post_norm_decode(kind: row_norm.Kind, x: Array, kernel: Array, bias: Array | None,
+                      scale: Array | None, norm_bias: Array | None, residual: Array | None,
+                      eps: float, pre_norm_sum: bool, residual_after: bool, output_stats: bool,
+                      interpret: bool) -> tuple[Array, ...]:
+    """At decode (M <= 64) the product is the weight-streaming decode GEMM's
+    (pallas_kernels/decode_matmul.py), in x's dtype as a dot writes it; XLA then norms it,
+    adds the residual in float32 and takes the statistics of that float32 sum (what the
+    post-norm kernel's epilogue returns) in the fusion that follows: M*N elements, small at
+    decode, where what costs is streaming W (a row's N tiles need no statistics exchange)."""
+    x = _gpu_input(x, "dense_rms_norm" if kind == "rms" else "dense_layer_norm", interpret)
+    (product,) = decode_matmul.lazy_rms_decode_matmul(
+        x, [kernel], row_scale=jnp.ones((x.shape[0],), jnp.float32), interpret=interpret)
+    if bias is not None:
+        product = product + bias.astype(product.dtype)
+    h = product.astype(jnp.float32)
+    if residual is not None and not residual_after:
+        h = h + residual.astype(jnp.float32)
+    y = (xla.rms_normalized_f32(h, scale, eps, 0.0) if kind == "rms"
+         else xla.layer_normalized_f32(h, scale, norm_bias, eps, 0.0))
+    if residual_after:
+        y = y + residual.astype(jnp.float32)
+    if output_stats:
+        stats = row_stats.of_rows(y)
+        return y.astype(x.dtype), stats.mean, stats.m2
+    return y.astype(x.dtype), h.astype(x.dtype) if pre_norm_sum else None
 
 
 @register("dense_rms_norm", "mosaic")
@@ -212,6 +245,8 @@ _POST_LAYER_NORM_MIN_ROWS, _POST_LAYER_NORM_MIN_N = 8192, 1024
 def _post_norm_not_faster(kind: str, x: Array, kernel: Array, residual: Array | None,
                           residual_after: bool = False) -> str | None:
     (m, k), n = x.shape, kernel.shape[1]
+    if m <= decode_matmul.MAX_ROWS:  # the decode GEMM, then XLA's norm: as fast as its GEMM
+        return decode_not_faster(x, (kernel,))
     if residual_after:
         # No H200 measurement of r + Norm(x @ W + b) against XLA's dot, norm and add yet:
         # `python -m bench --suite post-norm --residual-after` times it (docs/post-norm.md).
