@@ -10,11 +10,11 @@ automatic dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather t
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06)',
-    'date': '2026-12-01T18:11:39+00:00',
+    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06); python -m bench.decode_gemm --launches gemma --rows 1,8 --configs 2 --budget-s 90 (f5ba9ca)',
+    'date': '2026-12-03T14:23:58+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '2c4f233, f704e06',
+    'commit': '2c4f233, f704e06, f5ba9ca',
 }
 
 # ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.
@@ -73,4 +73,12 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
      {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 0.348),
     ((8, 3072, (1024,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 7, 'stages': 12, 'warpgroups': 1}, 1.277),
+    ((1, 1024, (1152,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 0.773),
+    ((8, 1024, (1152,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 1.389),
+    ((1, 6912, (1152,)),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 0.924),
+    ((8, 6912, (1152,)),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 0.888),
 )

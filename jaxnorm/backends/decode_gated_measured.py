@@ -11,11 +11,11 @@ is. None: not timed. Regenerate rather than edit.
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_groups --budget-s 130',
-    'date': '2026-12-01T20:38:45+00:00',
+    'command': 'python -m bench.decode_groups --budget-s 130 (15a2e98); python -m bench.decode_groups --budget-s 80 --shapes 1152x6912 (f5ba9ca)',
+    'date': '2026-12-03T14:24:40+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '15a2e98',
+    'commit': '15a2e98, f5ba9ca',
 }
 
 # ((M, K, d_ff), activation, kernel / stock with the gain folded, unfolded).
@@ -32,4 +32,7 @@ ENTRIES: tuple[tuple[tuple[int, int, int], str, float | None, float | None], ...
     ((1, 4096, 14336), 'silu', 0.892, 0.934),
     ((8, 4096, 14336), 'silu', 0.905, 0.941),
     ((64, 4096, 14336), 'silu', 0.753, 0.792),
+    ((1, 1152, 6912), 'gelu_tanh', 0.501, 0.592),
+    ((8, 1152, 6912), 'gelu_tanh', 0.910, 1.091),
+    ((64, 1152, 6912), 'gelu_tanh', 0.767, 0.902),
 )
