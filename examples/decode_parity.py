@@ -1,10 +1,12 @@
 """Stale-buffer safety: greedy decoding through the Mosaic kernels must match the xla path.
 
-    python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3]
+    python examples/decode_parity.py [--impl mosaic] [--steps 256] [--family llama|qwen3|gemma3]
 
-A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings),
-head_dim 128 as the real models' so that the attention input is one op, in bfloat16, whose
-norm + projections (q/k/v, gate/up, final norm + LM head) run through jaxnorm with `--impl`, and
+A small 2-layer Llama-style model (or Qwen3-style: per-head QK-norm, tied embeddings; or Gemma
+3-style: (1 + g) gains, GeGLU, a post-norm after each sublayer, head_dim 256), head_dim 128 or
+256 as the real models' so that the attention input is one op, in bfloat16, whose norm +
+projections (q/k/v, gate/up, the post-norms' o and down, final norm + LM head) run through
+jaxnorm with `--impl`, and
 the same parameters with impl="xla", after a short float32 training on a
 deterministic task so greedy choices are not rounding-level ties. Both decode greedily; the tokens must be
 identical. A kernel that reads a stale buffer (a consumer not waiting for its
@@ -42,10 +44,12 @@ def successor_batch(key: jax.Array, batch: int, length: int) -> jax.Array:
     return jnp.concatenate(tokens, axis=1)
 
 
-FAMILIES = {"llama": models.llama, "qwen3": models.qwen3}
-# head_dim 128, as Llama-3-8B's and Qwen3's: the attention-input kernel serves it.
+FAMILIES = {"llama": models.llama, "qwen3": models.qwen3, "gemma3": models.gemma3}
+# head_dim 128, as Llama-3-8B's and Qwen3's, 256 as Gemma 3's: the attention-input kernel
+# serves both.
 HEADS = {"llama": dict(n_heads=4, n_kv_heads=2, head_dim=128),
-         "qwen3": dict(n_heads=2, n_kv_heads=1, head_dim=128)}
+         "qwen3": dict(n_heads=2, n_kv_heads=1, head_dim=128),
+         "gemma3": dict(n_heads=2, n_kv_heads=1, head_dim=256)}
 
 
 def build(impl: str, train_steps: int,
