@@ -23,6 +23,7 @@ from test_sharding_ops import (CALLS, CASES, EPS, M, _differentiable, _spec_tree
 from bench.collectives import compiled_collectives
 import jaxnorm
 from jaxnorm import partitioning
+from pallas_kernels import decode_matmul
 
 pytestmark = requires_host_devices()
 
@@ -167,12 +168,12 @@ def _post_norm_with_statistics(x, w, g, r, impl):
     return h, stats.mean, stats.m2
 
 
-def _statistics_inputs(dtype):
+def _statistics_inputs(dtype, rows=M):
     rng = np.random.default_rng(7)
-    return (jnp.asarray(rng.standard_normal((M, 64)), dtype),
+    return (jnp.asarray(rng.standard_normal((rows, 64)), dtype),
             jnp.asarray(rng.standard_normal((64, 256)) / 8, dtype),
             jnp.asarray(1.0 + 0.2 * rng.standard_normal(256), jnp.float32),
-            jnp.asarray(rng.standard_normal((M, 256)) + 100.0, dtype))
+            jnp.asarray(rng.standard_normal((rows, 256)) + 100.0, dtype))
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])
@@ -200,8 +201,9 @@ def test_post_norm_statistics_refuse_an_explicit_n_sharding():
 def test_kernel_path_rule_psums_post_norm_statistics_over_n():
     """Auto mesh, impl="interpret", N sharded: the rule's per-device program (float32
     columns of h, statistics psum-ed two-pass) gives the one-device kernel's h and
-    statistics."""
-    args = _statistics_inputs(jnp.bfloat16)
+    statistics. Rows above the decode path's (which rounds the product to x's dtype
+    before the residual, as a dot does), so both keep h's product in float32."""
+    args = _statistics_inputs(jnp.bfloat16, rows=2 * decode_matmul.MAX_ROWS)
     on = mesh(AxisType.Auto)
     placed = [jax.device_put(a, NamedSharding(on, spec)) for a, spec in
               zip(args, (P("data", None), P(None, "model"), P("model"), P("data", "model")))]
