@@ -3,7 +3,7 @@
 Real model dimensions with few layers, three phases (prefill forward, a
 training step with an optax update, a greedy decode step over a KV cache of
 4096), four variants built from the same parameters and measured interleaved
-in one process, two rounds:
+in one process, two rounds, the order rotated by one each round:
 
 - stock: `jaxnorm.models.Transformer` on stock Flax layers (`fused=False`);
 - jaxnorm: the same network on jaxnorm layers, automatic dispatch (`impl=None`);
@@ -319,10 +319,19 @@ def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
                lambda m, batch=batch: decode_case(m, shape, batch, copies))
 
 
+def measurement_order(variants: list[str], round_index: int) -> list[str]:
+    """The variants in the order round `round_index` measures them: rotated by one per
+    round, so no variant is always measured first (or always right after the same one)
+    and a drift across a round (clocks, allocator state) does not fall on one variant."""
+    shift = round_index % len(variants)
+    return variants[shift:] + variants[:shift]
+
+
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
         detail: Path | None = None, console: Console | None = None) -> list[Cell]:
-    """Measure every cell: variants interleaved within a round, `rounds` rounds.
+    """Measure every cell: variants interleaved within a round, `rounds` rounds, each
+    round in the order `measurement_order` gives it.
 
     One copy of the inputs by default: a model's weights and cache exceed the L2 cache
     alone, and one copy is timed as one program (bench/timing.py), so each variant
@@ -343,7 +352,8 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
             fns = {v: case(m)[0] for v, m in variants.items()}
             for r in range(rounds):
                 results = {}
-                for variant, model in variants.items():
+                for variant in measurement_order(list(variants), r):
+                    model = variants[variant]
                     console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
                     _, arg_sets = case(model)
                     label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
@@ -351,7 +361,7 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                     results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
                                                 per_step, where, console)
                     del arg_sets
-                cell.rounds.append(results)
+                cell.rounds.append({v: results[v] for v in variants})
             cells.append(cell)
             console.print(summary_line(cell))
             if out is not None:

@@ -1,11 +1,13 @@
 """The model suite's code paths on CPU (`--quick`): variants, phases, tables. Timings mean nothing."""
 
+import io
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from rich.console import Console
 
 from bench import model_suite as ms
 from bench import summarize
@@ -44,6 +46,23 @@ def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
     table = (tmp_path / "model-suite.md").read_text()
     assert table.count("| tiny |") == 3 * len(cells) + len(cells) * len(ms.VARIANTS)
     assert summarize._json_section(payload)[0] == table
+
+
+def test_each_round_measures_the_variants_in_a_rotated_order(monkeypatch):
+    """Over as many rounds as variants, each variant is measured once in each position
+    (the progress lines say the order); the results keep the variants' order."""
+    monkeypatch.setattr(ms, "_measure", lambda *a, **k: {"wall_us": 1.0, "kernel_us": None,
+                                                         "kernels": 0.0})
+    log = io.StringIO()
+    cells = ms.run([ms.QUICK], rounds=len(ms.VARIANTS), repeats=1, warmup=0,
+                   phases=("prefill",), console=Console(file=log, width=200))
+    lines = [line.split(": ")[-1] for line in log.getvalue().splitlines() if " round " in line]
+    n = len(ms.VARIANTS)
+    orders = [lines[i * n:(i + 1) * n] for i in range(n)]
+    assert orders[0] == list(ms.VARIANTS) and orders[1] == list(ms.VARIANTS[1:] + ms.VARIANTS[:1])
+    for position in range(n):
+        assert sorted(o[position] for o in orders) == sorted(ms.VARIANTS)
+    assert [list(r) for r in cells[0].rounds] == [list(ms.VARIANTS)] * n
 
 
 def test_detail_writes_each_variants_kernels_and_its_timed_program(tmp_path):
