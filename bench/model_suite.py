@@ -171,10 +171,9 @@ def train_case(model: nnx.Module, shape: ModelShape, copies: int):
     return fn, arg_sets
 
 
-def decode_case(model: nnx.Module, shape: ModelShape, batch: int, copies: int):
-    """(fn, arg_sets): DECODE_STEPS greedy steps over a full cache, one lax.scan."""
-    graphdef, state = nnx.split(model)
-    cfg = shape.cfg
+def decode_steps(graphdef: nnx.GraphDef, shape: ModelShape) -> Callable:
+    """fn(state, token [B], cache): DECODE_STEPS greedy steps over a full cache, one
+    lax.scan, as `jaxnorm.models.greedy_decode` runs them; returns (tokens, cache)."""
     start = shape.cache - DECODE_STEPS
 
     def fn(state, token, cache):
@@ -190,6 +189,14 @@ def decode_case(model: nnx.Module, shape: ModelShape, batch: int, copies: int):
             step, (token, cache, jnp.int32(start)), length=DECODE_STEPS)
         return tokens, cache
 
+    return fn
+
+
+def decode_case(model: nnx.Module, shape: ModelShape, batch: int, copies: int):
+    """(fn, arg_sets): `decode_steps` of the model over random caches and tokens."""
+    graphdef, state = nnx.split(model)
+    cfg = shape.cfg
+    fn = decode_steps(graphdef, shape)
     kv_shape = (batch, shape.cache, cfg.n_kv_heads, cfg.head_dim)
     arg_sets = []
     for i in range(copies):

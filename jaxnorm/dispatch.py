@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -90,9 +91,23 @@ def device_unsupported_reason() -> str | None:
     return None
 
 
+# Device kinds of Hopper-or-newer NVIDIA parts, as an abstract mesh's device names them.
+_HOPPER_OR_NEWER_KINDS = re.compile(r"\b(G?H(100|200|800|20)|G?B(100|200|300))\b", re.I)
+
+
+def planned_for_hopper() -> bool:
+    """True under an abstract mesh whose device is a Hopper-or-newer GPU by its kind
+    (`jax.sharding.use_abstract_mesh`): a program lowered for "cuda" on any host is then
+    planned, and dispatched, as on that GPU (`bench.decode_plan` does)."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return (device is not None and device.platform == "gpu"
+            and _HOPPER_OR_NEWER_KINDS.search(device.device_kind or "") is not None)
+
+
 def hopper_or_newer() -> bool:
-    """True when the default device is an NVIDIA GPU of compute capability >= 9.0."""
-    return device_unsupported_reason() is None
+    """True when the default device is an NVIDIA GPU of compute capability >= 9.0, or the
+    program is planned for one (`planned_for_hopper`)."""
+    return planned_for_hopper() or device_unsupported_reason() is None
 
 
 def fallback_reasons() -> dict[str, str]:
