@@ -11,8 +11,8 @@ lowered program:
 - whatever would run on the host or leave the stream: host callbacks, infeed, outfeed,
   send and recv, and every custom call that is not a Mosaic kernel, for jaxnorm and for
   stock Flax (none expected in either);
-- the fallback reasons of the ops that stayed on XLA (`jaxnorm.fallback_reasons()`: each
-  op's last decision in the trace).
+- the fallback reasons of the ops that stayed on XLA (each op's last decision in this
+  step's trace, `jaxnorm.dispatch.recorded_choices`).
 
 XLA's own fusions are only known once XLA compiles for the GPU, so the kernel count per
 layer with them stays the model suite's (bench/model_suite.py, `kernels`).
@@ -93,8 +93,9 @@ def lowered_decode_step(shape: model_suite.ModelShape, batch: int, *, fused: boo
 def plan(shape: model_suite.ModelShape, batch: int) -> dict[str, Any]:
     """One decode cell's launch plan: jaxnorm's Mosaic launches per step and per layer by
     label, its fallback reasons, and host work of jaxnorm and of stock Flax."""
-    fused = read_lowered(lowered_decode_step(shape, batch, fused=True))
-    reasons = dispatch.fallback_reasons()
+    with dispatch.recorded_choices() as choices:
+        fused = read_lowered(lowered_decode_step(shape, batch, fused=True))
+    reasons = {op: why for op, (impl, why) in choices.items() if impl == "xla"}
     stock = read_lowered(lowered_decode_step(shape, batch, fused=False))
     per_step = sum(fused["mosaic"].values())
     return {

@@ -9,11 +9,12 @@ device cannot run it). With `impl="mosaic"` the reason is raised.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -32,6 +33,8 @@ _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
 # Per op: (implementation, why xla) of its last impl=None call.
 _CHOICES: dict[str, tuple[str, str | None]] = {}
+# The open `recorded_choices` blocks' records.
+_RECORDS: list[dict[str, tuple[str, str | None]]] = []
 
 
 # The kernels' own error: one class from pallas_kernels up to the user (jaxnorm.Unsupported).
@@ -120,6 +123,18 @@ def fallback_reasons() -> dict[str, str]:
     return {op: reason for op, (impl, reason) in _CHOICES.items() if impl == "xla"}
 
 
+@contextlib.contextmanager
+def recorded_choices() -> Iterator[dict[str, tuple[str, str | None]]]:
+    """A dict that fills with the automatic (impl=None) decisions made inside the block, per
+    op its last (implementation, why xla or None), without the decisions made before it."""
+    record: dict[str, tuple[str, str | None]] = {}
+    _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _RECORDS.remove(record)
+
+
 def last_automatic_choice(op: str) -> tuple[str, str | None] | None:
     """(implementation, why xla or None) of `op`'s last impl=None call; None before any.
 
@@ -151,7 +166,7 @@ def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
     except Unsupported as reason:
         _fell_back(op, str(reason))
         return "xla"
-    _CHOICES[op] = ("mosaic", None)
+    _chose(op, ("mosaic", None))
     return "mosaic"
 
 
@@ -201,10 +216,16 @@ def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool, ar
 _with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
 
 
+def _chose(op: str, choice: tuple[str, str | None]) -> None:
+    _CHOICES[op] = choice
+    for record in _RECORDS:
+        record[op] = choice
+
+
 def _fell_back(op: str, reason: str) -> None:
     if _CHOICES.get(op) != ("xla", reason):
         logger.info("jaxnorm.%s: Mosaic kernel not used (%s); using xla", op, reason)
-    _CHOICES[op] = ("xla", reason)
+    _chose(op, ("xla", reason))
 
 
 def _mosaic(op: str) -> Callable[..., Any]:

@@ -1,8 +1,10 @@
 """bench.decode_plan: a decode step lowered for "cuda" on CPU, dispatched as on the H200."""
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh
 
+import jaxnorm
 from bench import decode_plan, model_suite
 from jaxnorm import dispatch
 
@@ -31,6 +33,15 @@ def test_an_abstract_mesh_of_a_hopper_gpu_plans_for_it():
             device_kind=kind, platform="gpu", num_cores=None))
         with jax.sharding.use_abstract_mesh(mesh):
             assert dispatch.hopper_or_newer() is hopper, kind
+
+
+def test_recorded_choices_hold_only_the_decisions_inside_the_block():
+    jaxnorm.rms_norm(jnp.ones((4, 8)))  # recorded globally, before the block
+    with dispatch.recorded_choices() as choices:
+        assert choices == {}
+        jaxnorm.layer_norm(jnp.ones((4, 8)))
+    assert list(choices) == ["layer_norm"] and choices["layer_norm"][0] == "xla"
+    assert "rms_norm" in dispatch.fallback_reasons()
 
 
 def test_qwen3_decode_at_batch_1_runs_four_mosaic_launches_a_layer_and_nothing_on_the_host():
