@@ -11,8 +11,9 @@ lowered program:
 - whatever would run on the host or leave the stream: host callbacks, infeed, outfeed,
   send and recv, and every custom call that is not a Mosaic kernel, for jaxnorm and for
   stock Flax (none expected in either);
-- the fallback reasons of the ops that stayed on XLA (each op's last decision in this
-  step's trace, `jaxnorm.dispatch.recorded_choices`).
+- why each op's calls that stayed on XLA did (every distinct reason in this step's trace,
+  `jaxnorm.dispatch.recorded_choices`), and which were declined for want of a
+  measurement rather than for a measured loss: what to measure next.
 
 XLA's own fusions are only known once XLA compiles for the GPU, so the kernel count per
 layer with them stays the model suite's (bench/model_suite.py, `kernels`).
@@ -42,6 +43,7 @@ _CUSTOM_CALL = re.compile(r"stablehlo\.custom_call @([\w.$-]+)\(.*loc\((#loc\d+)
 _LOC = re.compile(r"^(#loc\d+) = (.*)$", re.M)
 _HOST_OPS = re.compile(r"\bstablehlo\.(infeed|outfeed|send|recv)\b")
 _HOST_TARGET = re.compile(r"callback|host", re.I)
+_UNMEASURED = re.compile(r"no measured shape")
 _FRAME = re.compile(r'loc\("([\w<>.]+)"\(loc\("[^"]*/(jaxnorm/backends|pallas_kernels)/(\w+)\.py"')
 
 
@@ -54,11 +56,12 @@ def _expanded(ref: str, locs: dict[str, str], depth: int = 0) -> str:
 
 
 def _launch_label(location: str) -> str:
-    """"backend function (kernel module)" of a Mosaic call site, innermost frames first."""
+    """"op (kernel module)" of a Mosaic call site: the outermost backend function (the
+    registered op) and the innermost kernel module of its frames."""
     frames = _FRAME.findall(location)
-    backend = next((f"{fn}" for fn, where, _ in frames if where == "jaxnorm/backends"), "?")
+    backends = [fn for fn, where, _ in frames if where == "jaxnorm/backends"]
     kernel = next((module for _, where, module in frames if where == "pallas_kernels"), "?")
-    return f"{backend} ({kernel})"
+    return f"{backends[-1] if backends else '?'} ({kernel})"
 
 
 def read_lowered(text: str) -> dict[str, Any]:
@@ -95,13 +98,17 @@ def plan(shape: model_suite.ModelShape, batch: int) -> dict[str, Any]:
     label, its fallback reasons, and host work of jaxnorm and of stock Flax."""
     with dispatch.recorded_choices() as choices:
         fused = read_lowered(lowered_decode_step(shape, batch, fused=True))
-    reasons = {op: why for op, (impl, why) in choices.items() if impl == "xla"}
+    reasons = {op: [why for impl, why in made if impl == "xla"] for op, made in choices.items()}
+    reasons = {op: whys for op, whys in reasons.items() if whys}
     stock = read_lowered(lowered_decode_step(shape, batch, fused=False))
     per_step = sum(fused["mosaic"].values())
     return {
         "model": shape.name, "batch": batch, "layers": shape.cfg.n_layers,
         "mosaic_per_step": per_step, "mosaic_per_layer": per_step / shape.cfg.n_layers,
         "mosaic": fused["mosaic"], "fallbacks": reasons,
+        # Declined for want of a measurement, not for a measured loss: what to measure next.
+        "unmeasured": sorted(op for op, whys in reasons.items()
+                             if any(_UNMEASURED.search(why) for why in whys)),
         "host_work": {"jaxnorm": fused["host_work"], "stock": stock["host_work"]},
         "other_custom_calls": {"jaxnorm": fused["other_custom_calls"],
                                "stock": stock["other_custom_calls"]},
@@ -110,16 +117,17 @@ def plan(shape: model_suite.ModelShape, batch: int) -> dict[str, Any]:
 
 def report(plans: list[dict[str, Any]]) -> str:
     """The plans as Markdown: one row per cell, then each cell's launches by label."""
-    lines = ["| model | B | Mosaic launches per step | per layer | host work (jaxnorm, stock) |",
-             "|---|---:|---:|---:|---|"]
+    lines = ["| model | B | Mosaic launches per step | per layer | host work (jaxnorm, stock) "
+             "| declined, not measured |", "|---|---:|---:|---:|---|---|"]
     for p in plans:
         host = ", ".join(" ".join(p["host_work"][v]) or "none" for v in ("jaxnorm", "stock"))
         lines.append(f"| {p['model']} | {p['batch']} | {p['mosaic_per_step']} | "
-                     f"{p['mosaic_per_layer']:g} | {host} |")
+                     f"{p['mosaic_per_layer']:g} | {host} | {', '.join(p['unmeasured'])} |")
     for p in plans:
         lines += ["", f"{p['model']} B={p['batch']}:"]
         lines += [f"- {label}: {n}" for label, n in sorted(p["mosaic"].items())] or ["- none"]
-        lines += [f"- on xla, {op}: {why}" for op, why in sorted(p["fallbacks"].items())]
+        lines += [f"- on xla, {op}: {why}" for op, whys in sorted(p["fallbacks"].items())
+                  for why in whys]
     return "\n".join(lines) + "\n"
 
 

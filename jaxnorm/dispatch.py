@@ -34,7 +34,7 @@ _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
 # Per op: (implementation, why xla) of its last impl=None call.
 _CHOICES: dict[str, tuple[str, str | None]] = {}
 # The open `recorded_choices` blocks' records.
-_RECORDS: list[dict[str, tuple[str, str | None]]] = []
+_RECORDS: list[dict[str, list[tuple[str, str | None]]]] = []
 
 
 # The kernels' own error: one class from pallas_kernels up to the user (jaxnorm.Unsupported).
@@ -124,10 +124,11 @@ def fallback_reasons() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def recorded_choices() -> Iterator[dict[str, tuple[str, str | None]]]:
-    """A dict that fills with the automatic (impl=None) decisions made inside the block, per
-    op its last (implementation, why xla or None), without the decisions made before it."""
-    record: dict[str, tuple[str, str | None]] = {}
+def recorded_choices() -> Iterator[dict[str, list[tuple[str, str | None]]]]:
+    """A dict that fills with the automatic (impl=None) decisions made inside the block: per
+    op each distinct (implementation, why xla or None) in the order first made (one per
+    call site's shape), none of those made before the block."""
+    record: dict[str, list[tuple[str, str | None]]] = {}
     _RECORDS.append(record)
     try:
         yield record
@@ -219,7 +220,8 @@ _with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
 def _chose(op: str, choice: tuple[str, str | None]) -> None:
     _CHOICES[op] = choice
     for record in _RECORDS:
-        record[op] = choice
+        if choice not in (made := record.setdefault(op, [])):
+            made.append(choice)
 
 
 def _fell_back(op: str, reason: str) -> None:
