@@ -51,6 +51,12 @@ LAUNCHES: dict[str, list[Launch]] = {
                 (1024, (2048, 1024, 1024)), (2048, (1024,)), (3072, (1024,))],
     # Gemma-3-1B decode: o and down, each followed by its post-norm (dense_rms_norm).
     "gemma": [(1024, (1152,)), (6912, (1152,))],
+    # What `python -m bench.decode_plan` finds declined for want of a measurement:
+    # Qwen3-4B's o, Qwen3-0.6B's o and down, Gemma-3-1B's q/k/v and o, Llama-3-8B's o,
+    # down, q/k/v and head (run them at --rows 1,8,64).
+    "unmeasured": [(4096, (2560,)), (2048, (1024,)), (3072, (1024,)), (1152, (1024, 256, 256)),
+                   (1024, (1152,)), (4096, (4096,)), (14336, (4096,)),
+                   (4096, (4096, 1024, 1024)), (4096, (32768,))],
 }
 ROWS = (1, 8, 16, 64)
 SMOKE_LAUNCHES, SMOKE_ROWS = [(128, (192,)), (128, (128, 64))], (8,)

@@ -10,6 +10,8 @@
 #     RUN_COMMIT=abc1234 bash scripts/h200.sh decode-groups gated-table   # one shape, merged
 #   DECODE_ARGS="--launches gemma --rows 1,8" DECODE_PRIOR="a.json b.json" bash scripts/h200.sh \
 #     decode-launches decode-table     # decode GEMM launches measured, merged into its table
+#   DECODE_ARGS="--launches unmeasured --rows 1,8,64" ...  # what bench.decode_plan lists as
+#     declined for want of a measurement
 #   ONLY="decode attention input" bash scripts/h200.sh kernels decode-attention  # its checks, bench
 #   ATTN_ARGS="--rows 1,8" RUN_COMMIT=abc1234 bash scripts/h200.sh decode-attention attention-table
 #   ATTN_PRIOR=bench/results/2026-12-01-decode/decode-attention.json ...  # keep earlier runs' rows

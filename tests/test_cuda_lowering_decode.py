@@ -19,10 +19,11 @@ H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", p
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 
-# (K, N): the presets' decode projections, a vocab head, and Gemma-3-1B's o and down (the
-# products of its post-norm ops at decode).
+# (K, N): the presets' decode projections, vocab heads, Gemma-3-1B's o and down (the
+# products of its post-norm ops at decode), Qwen3-4B's o.
 SHAPES = [(4096, 6144), (4096, 28672), (14336, 4096), (2048, 3072), (2048, 16384),
-          (8192, 2048), (1024, 4096), (2048, 128256), (1024, 1152), (6912, 1152)]
+          (8192, 2048), (1024, 4096), (2048, 128256), (1024, 1152), (6912, 1152),
+          (4096, 2560), (4096, 32768)]
 
 
 def _lower(m: int, k: int, ns: tuple[int, ...], config: dc.DecodeConfig | None,
