@@ -65,7 +65,7 @@ def test_llama3_8b_decode_at_batch_8_declines_every_kernel():
     time at Llama-3-8B B=8 is 0), so the step is all XLA, with the reasons recorded."""
     plan = decode_plan.plan(model_suite.SHAPES["llama3-8b"], 8)
     assert plan["mosaic_per_step"] == 0 and plan["fallbacks"]
-    # the down projection and the head at M = 8 were never measured; the others lost
-    assert plan["unmeasured"] == ["residual_dense", "rms_norm_dense"]
-    assert len(plan["fallbacks"]["residual_dense"]) == 2  # o measured slower, down unmeasured
+    # the head at M = 8 was never measured; o and down measured slower (1.09, 1.04x)
+    assert plan["unmeasured"] == ["rms_norm_dense"]
+    assert len(plan["fallbacks"]["residual_dense"]) == 2  # o's reason and down's
     assert plan["host_work"] == {"jaxnorm": [], "stock": []}
