@@ -31,13 +31,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import AbstractDevice, AbstractMesh
 
 from bench import model_suite
 from jaxnorm import dispatch, models
+from pallas_kernels import hardware
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 MOSAIC_TARGET = "mosaic_gpu_v2"
 _CUSTOM_CALL = re.compile(r"stablehlo\.custom_call @([\w.$-]+)\(.*loc\((#loc\d+)\)\s*$", re.M)
 _LOC = re.compile(r"^(#loc\d+) = (.*)$", re.M)

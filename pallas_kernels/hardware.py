@@ -51,3 +51,11 @@ def resident_clusters(cluster_n: int, sms: int) -> int:
     if sms == H200_SMS:
         return H200_RESIDENT_CLUSTERS[cluster_n]
     return max(sms // cluster_n * 7 // 8, 1)
+
+
+def h200_mesh() -> jax.sharding.AbstractMesh:
+    """An abstract mesh of one H200 (`jax.sharding.use_abstract_mesh`): under it a call is
+    planned for that GPU on any host, with its SM count (`num_sms`) and, under impl=None,
+    the dispatch it would get there (`jaxnorm.dispatch.planned_for_hopper`)."""
+    return jax.sharding.AbstractMesh((), (), abstract_device=jax.sharding.AbstractDevice(
+        device_kind="H200", platform="gpu", num_cores=H200_SMS))

@@ -9,13 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
 from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_matmul as dm
+from pallas_kernels import hardware
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
 import jaxnorm
 from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_gated as dg
+from pallas_kernels import hardware
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
 BF16, F32 = jnp.bfloat16, jnp.float32
 # (K, d_ff, activation): Llama-3.2-1B, Qwen3-0.6B, Qwen3-4B, Llama-3-8B, Gemma-3-1B.

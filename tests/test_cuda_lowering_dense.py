@@ -11,13 +11,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
+from pallas_kernels import hardware
 from pallas_kernels import lazy_norm_matmul as lz
 from pallas_kernels import plain_matmul as pm
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
 import jaxnorm
 from pallas_kernels import gated_matmul as gm
+from pallas_kernels import hardware
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 PRESETS = [(8192, 2048, 8192), (8192, 4096, 14336), (4096, 1024, 3072), (8192, 2560, 9728)]

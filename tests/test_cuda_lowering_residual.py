@@ -11,13 +11,12 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
 import jaxnorm
+from pallas_kernels import hardware
 from pallas_kernels import residual_matmul as rm
 
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
 

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh
 
 from kernel_checks import assert_race_free
 from jaxnorm import row_stats
 from pallas_kernels import gemm_config
+from pallas_kernels import hardware
 from pallas_kernels import lazy_norm_matmul as lz
 from pallas_kernels import plain_matmul as pm
 from pallas_kernels.errors import Unsupported
@@ -30,8 +30,7 @@ from verify.checks import check_outputs
 
 BF16 = jnp.bfloat16
 M, N = MatmulDimension.M, MatmulDimension.N
-H200 = AbstractMesh((), (), abstract_device=AbstractDevice(device_kind="H200", platform="gpu",
-                                                            num_cores=132))
+H200 = hardware.h200_mesh()
 
 
 def _rng(request) -> np.random.Generator:
