@@ -279,7 +279,7 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
         console.print(f"    first call {t.first_call_s:.1f} s, all {total:.1f} s")
     kernels = [(name, us / per_step) for name, us in t.kernels]
     if detail is not None:
-        _write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
+        write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
     return {
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
@@ -300,7 +300,7 @@ def _spread(samples: list[float], per_step: int) -> list[float]:
     return [len(samples), round(min(samples) / per_step, 1), round(max(samples) / per_step, 1)]
 
 
-def _write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],
+def write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],
                   per_call: int) -> None:
     """Every kernel name's launches and time per step, and the optimized HLO of the timed
     program (its fusion names are the kernel names), so a cell's gap can be traced to the

@@ -18,7 +18,7 @@
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   MODEL=qwen3-0.6b bash scripts/h200.sh train-probe  # training wall samples, kernels declined
-#   MODEL=qwen3-0.6b bash scripts/h200.sh qk-probe     # the attention input taken apart, + HLO
+#   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -104,9 +104,10 @@ for name in "$@"; do
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     train-probe) stage train_probe "${PROBE_LIMIT:-330}" python3 bench/gpu/train_wall_probe.py \
                    --model "${MODEL:-qwen3-0.6b}" --out "$WORK/train_probe.json" ;;
-    qk-probe) stage "qk_probe_${MODEL:-qwen3-0.6b}" "${PROBE_LIMIT:-330}" python3 \
-                bench/gpu/qk_norm_probe.py --model "${MODEL:-qwen3-0.6b}" \
-                --out "$WORK/qk_probe_${MODEL:-qwen3-0.6b}" ;;
+    variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
+      stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \
+        bench/gpu/variant_probe.py --model "${MODEL:-qwen3-0.6b}" --phase "${PHASE:-train}" \
+        ${VARIANTS:+--variants "$VARIANTS"} ${DETAIL:+--detail} --out "$WORK/probe" ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;

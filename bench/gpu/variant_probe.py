@@ -1,0 +1,136 @@
+"""A model-suite cell (training step or prefill) with more variants than the suite's four,
+measured in interleaved rounds, to take jaxnorm's model apart:
+
+- "unfused attention input": jaxnorm's model with `jaxnorm.rms_norm_attention_input`
+  off, so q/k/v come from the pre-norm projections and the heads are normed by
+  `jaxnorm.nnx.RMSNorm` and rotated by the model's rope, in [B, T, H, hd];
+- "stock QK-norm": that, with the q/k norm modules stock Flax's nnx.RMSNorm (same gains);
+- "kernels declined": jaxnorm's model with automatic dispatch answering xla for every op
+  (as on a GPU without Mosaic kernels): its graph without any kernel forward.
+
+With --detail, round 1 writes each variant's kernels by name and optimized HLO, for
+`python -m bench.kernel_diff DIR A B --model M`. Usage:
+python bench/gpu/variant_probe.py --model gemma3-1b --phase train \
+    --variants stock,jaxnorm,"kernels declined",norm-free --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from flax import nnx
+
+from bench import model_suite, timing
+from jaxnorm import dispatch, models
+from jaxnorm.models import layers
+
+EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined")
+
+
+@contextlib.contextmanager
+def _patched(module: object, name: str, value: object) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def traced_with(fn: Callable, context: Callable[[], contextlib.AbstractContextManager]
+                ) -> Callable:
+    """fn, traced (so compiled) inside `context`."""
+    def inside(*args):
+        with context():
+            return fn(*args)
+    return inside
+
+
+def with_stock_qk_norms(stock: nnx.Module) -> nnx.Module:
+    """jaxnorm's model of `stock`'s parameters, its blocks' q_norm and k_norm stock's."""
+    out = models.load_params(stock, fused=True, impl=None)
+    donor = models.load_params(stock, fused=False)
+    for block, stock_block in zip(out.layers, donor.layers):
+        block.attn.q_norm, block.attn.k_norm = stock_block.attn.q_norm, stock_block.attn.k_norm
+    return out
+
+
+def probe_variants(shape: model_suite.ModelShape, case: Callable,
+                   labels: list[str]) -> dict[str, tuple[nnx.Module, Callable]]:
+    """label -> (model, the function timed)."""
+    models_ = model_suite.build_variants(shape)
+    unfused = lambda: _patched(layers, "fuses_attention_input", lambda cfg: False)
+    declined = lambda: _patched(dispatch, "hopper_or_newer", lambda: False)
+    out = {}
+    for label in labels:
+        if label == "stock QK-norm":
+            model = with_stock_qk_norms(models_["stock"])
+            out[label] = model, traced_with(case(model)[0], unfused)
+        elif label in EXTRA:
+            model = models_["jaxnorm"]
+            context = unfused if label == "unfused attention input" else declined
+            out[label] = model, traced_with(case(model)[0], context)
+        else:
+            out[label] = models_[label], case(models_[label])[0]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-0.6b", choices=(*model_suite.SHAPES, "tiny"))
+    parser.add_argument("--phase", default="train", choices=("train", "prefill"))
+    parser.add_argument("--variants", default=",".join(
+        ("stock", "jaxnorm", *EXTRA[:2], "flashified", "norm-free")))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--detail", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    labels = args.variants.split(",")
+    unknown = set(labels) - set(model_suite.VARIANTS) - set(EXTRA)
+    if unknown or "stock" not in labels:
+        parser.error(f"--variants: stock and any of {model_suite.VARIANTS + EXTRA}; "
+                     f"unknown {sorted(unknown)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = model_suite.QUICK if args.model == "tiny" else model_suite.SHAPES[args.model]
+    case = lambda m: (model_suite.train_case if args.phase == "train"
+                      else model_suite.prefill_case)(m, shape, 1)
+    variants = probe_variants(shape, case, labels)
+    rows = []
+    for r in range(args.rounds):
+        for label in model_suite.measurement_order(labels, r):
+            model, fn = variants[label]
+            _, arg_sets = case(model)
+            t = timing.measure(fn, arg_sets, repeats=args.repeats, warmup=3)
+            row = {"round": r + 1, "variant": label, "wall_us": round(t.wall_us),
+                   "kernel_us": t.kernel_us and round(t.kernel_us),
+                   "kernel_samples_us": [round(k) for k in t.kernel_samples_us],
+                   "best_us": round(t.best_us), "kernels": len(t.kernels),
+                   "first_call_s": round(t.first_call_s, 1)}
+            if r == 0 and args.detail:
+                name = f"{shape.name}-{args.phase}-{label.replace(' ', '_')}"
+                model_suite.write_detail(out / name, fn, arg_sets, list(t.kernels),
+                                         len(t.kernels))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del arg_sets
+    best = {(x["round"], x["variant"]): x["best_us"] for x in rows}
+    summary = {}
+    for label in labels:  # kernel time (CUPTI), wall time where CUPTI is missing
+        ratios = [best[r, label] / best[r, "stock"] for r in range(1, args.rounds + 1)]
+        summary[label] = {"vs_stock": [round(x, 4) for x in ratios],
+                          "median": round(statistics.median(ratios), 4)}
+        print(label, summary[label], flush=True)
+    (out / f"probe-{shape.name}-{args.phase}.json").write_text(json.dumps(
+        {"model": shape.name, "phase": args.phase, "shape": getattr(shape, args.phase),
+         "rows": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
