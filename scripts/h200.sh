@@ -17,6 +17,7 @@
 #   ATTN_PRIOR=bench/results/2026-12-01-decode/decode-attention.json ...  # keep earlier runs' rows
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
+#   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   MODEL=qwen3-0.6b bash scripts/h200.sh train-probe  # training wall samples, kernels declined
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
@@ -101,6 +102,7 @@ for name in "$@"; do
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
+             ${ROUNDS:+--rounds "$ROUNDS"} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     train-probe) stage train_probe "${PROBE_LIMIT:-330}" python3 bench/gpu/train_wall_probe.py \
                    --model "${MODEL:-qwen3-0.6b}" --out "$WORK/train_probe.json" ;;
