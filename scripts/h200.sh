@@ -18,7 +18,6 @@
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
-#   MODEL=qwen3-0.6b bash scripts/h200.sh train-probe  # training wall samples, kernels declined
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
@@ -104,8 +103,6 @@ for name in "$@"; do
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
              ${ROUNDS:+--rounds "$ROUNDS"} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
-    train-probe) stage train_probe "${PROBE_LIMIT:-330}" python3 bench/gpu/train_wall_probe.py \
-                   --model "${MODEL:-qwen3-0.6b}" --out "$WORK/train_probe.json" ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \
         bench/gpu/variant_probe.py --model "${MODEL:-qwen3-0.6b}" --phase "${PHASE:-train}" \

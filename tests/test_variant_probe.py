@@ -1,0 +1,35 @@
+"""bench/gpu/variant_probe.py measures the model it says: every variant computes stock's loss."""
+
+import jax
+import numpy as np
+from flax import nnx
+
+from bench import model_suite
+from bench.gpu import variant_probe
+from jaxnorm import dispatch
+
+
+def test_probe_variants_compute_the_stock_loss_and_swap_what_they_say():
+    shape = model_suite.QUICK
+    labels = ["stock", "jaxnorm", *variant_probe.EXTRA]
+    case = lambda m: model_suite.train_case(m, shape, 1)
+    variants = variant_probe.probe_variants(shape, case, labels)
+    (state, opt_state, tokens), = case(variants["stock"][0])[1]
+    reference = float(variants["stock"][1](state, opt_state, tokens)[0])
+    for label in labels[1:]:
+        model, fn = variants[label]
+        loss = float(jax.jit(fn)(*case(model)[1][0])[0])
+        np.testing.assert_allclose(loss, reference, rtol=2e-2, err_msg=label)
+    q_norm = variants["stock QK-norm"][0].layers[0].attn.q_norm
+    assert type(q_norm) is nnx.RMSNorm
+    assert type(variants["jaxnorm"][0].layers[0].attn.q_norm) is not nnx.RMSNorm
+
+
+def test_kernels_declined_patches_dispatch_only_while_tracing():
+    seen = []
+    probe = variant_probe.traced_with(lambda: seen.append(dispatch.hopper_or_newer()),
+                                      lambda: variant_probe._patched(
+                                          dispatch, "hopper_or_newer", lambda: True))
+    probe()
+    assert seen == [True]
+    assert dispatch.hopper_or_newer() is False  # this host has no Hopper GPU
