@@ -10,11 +10,11 @@ automatic dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather t
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06); python -m bench.decode_gemm --launches gemma --rows 1,8 --configs 2 --budget-s 90 (f5ba9ca); python -m bench.decode_gemm --launches unmeasured --rows 1,8 --configs 2 --budget-s 80 (2f62cf1)',
-    'date': '2026-12-03T19:05:08+00:00',
+    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06); python -m bench.decode_gemm --launches gemma --rows 1,8 --configs 2 --budget-s 90 (f5ba9ca); python -m bench.decode_gemm --launches unmeasured --rows 1,8 --configs 2 --budget-s 80 (2f62cf1); python -m bench.decode_gemm --launches llama3-8b --rows 1,8 --configs 3 --budget-s 130 (24ace05)',
+    'date': '2026-12-03T21:57:28+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '2c4f233, f704e06, f5ba9ca, 2f62cf1',
+    'commit': '2c4f233, f704e06, f5ba9ca, 2f62cf1, 24ace05',
 }
 
 # ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.
@@ -96,5 +96,11 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
     ((8, 14336, (4096,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 2, 'stages': 12, 'warpgroups': 1}, 1.038),
     ((1, 4096, (4096, 1024, 1024)),
-     {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.337),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.335),
+    ((8, 4096, (4096, 1024, 1024)),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.821),
+    ((1, 4096, (32768,)),
+     {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.014),
+    ((8, 4096, (32768,)),
+     {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.010),
 )
