@@ -179,6 +179,10 @@ def _norm_bwd(s: _Static, res, dy: Array):
         grads = res(dy)
         return grads if s.kind == "layer" else (*grads, None)
     x, scale, stats = res
+    if s.kind == "rms" and s.axis_name is None and s.impl != "xla":
+        grads = _rms_backward_kernel(s, x, scale, dy)
+        if grads is not None:
+            return (*grads, None)
     bias_dtype = s.dtypes[2]
     g = dy.astype(F32)
     rows = _rows(s.kind, x.astype(F32), stats)
@@ -188,6 +192,19 @@ def _norm_bwd(s: _Static, res, dy: Array):
 
 
 _norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def _rms_backward_kernel(s: _Static, x: Array, scale: Array | None,
+                         dy: Array) -> tuple[Array, Array | None] | None:
+    """(dx, d scale) from RMSNorm's backward kernel under the forward's explicit impl (x and
+    dy read once, `pallas_kernels.rms_norm_backward`); None where it serves no such rows,
+    and the row rule below runs in XLA."""
+    try:
+        dx, d_scale = dispatch.call("rms_norm_backward", s.impl, x, dy.astype(x.dtype), scale,
+                                    eps=s.eps, scale_offset=s.scale_offset)
+    except dispatch.Unsupported:
+        return None
+    return dx, None if d_scale is None else d_scale.astype(s.dtypes[1])
 
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,

@@ -10,6 +10,7 @@ device cannot run it). With `impl="mosaic"` the reason is raised.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import logging
@@ -27,7 +28,8 @@ logger = logging.getLogger("jaxnorm")
 # plain CPU users never pay for importing Pallas.
 _MOSAIC_MODULES = ("jaxnorm.backends.mosaic_dense", "jaxnorm.backends.mosaic_norms",
                    "jaxnorm.backends.mosaic_residual", "jaxnorm.backends.mosaic_gated",
-                   "jaxnorm.backends.mosaic_attention_input")
+                   "jaxnorm.backends.mosaic_attention_input",
+                   "jaxnorm.backends.mosaic_norm_backward")
 
 _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {}
 _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
@@ -35,6 +37,8 @@ _DECLINE_AUTO: dict[str, Callable[..., str | None]] = {}
 _CHOICES: dict[str, tuple[str, str | None]] = {}
 # The open `recorded_choices` blocks' records.
 _RECORDS: list[dict[str, list[tuple[str, str | None]]]] = []
+# Whether the op being traced was called with impl=None (`automatic_scope`).
+_AUTOMATIC = contextvars.ContextVar("jaxnorm_automatic", default=False)
 
 
 # The kernels' own error: one class from pallas_kernels up to the user (jaxnorm.Unsupported).
@@ -171,6 +175,28 @@ def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
     return "mosaic"
 
 
+@contextlib.contextmanager
+def automatic_scope(automatic: bool) -> Iterator[None]:
+    """Mark what is traced inside as part of a public op called with impl=None (True) or with
+    an explicit impl (False), for the decisions its xla formulation makes itself
+    (`norm_backward`): an explicit impl="xla" stays pure JAX."""
+    token = _AUTOMATIC.set(automatic)
+    try:
+        yield
+    finally:
+        _AUTOMATIC.reset(token)
+
+
+def norm_backward(x: Any, scale: Any, *, eps: float, scale_offset: float) -> str:
+    """How the xla formulation differentiates its RMSNorm of x: "xla" (JAX's autodiff, the
+    stock graph) or "mosaic" (one backward kernel), the kernel only inside an impl=None op
+    where automatic dispatch takes it for x's shape (its reason otherwise recorded under
+    "rms_norm_backward" in `fallback_reasons()`)."""
+    if not _AUTOMATIC.get():
+        return "xla"
+    return resolve("rms_norm_backward", None, x, x, scale, eps=eps, scale_offset=scale_offset)
+
+
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     """Run `op` with the requested implementation (None = automatic, see `resolve`)."""
     impl = resolve(op, impl, *args, **kwargs)
@@ -183,7 +209,7 @@ def call_with_xla_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any
     """`call(op, impl, ...)` differentiated as the xla implementation: JAX's VJP of it, which
     recomputes what it needs, so a forward-only kernel serves under autodiff. kwargs are
     static (hashable)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, args)
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, _AUTOMATIC.get(), args)
 
 
 def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
@@ -192,25 +218,29 @@ def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> A
     norm reducing x), so the whole gradient flows through x and theirs is zero. The
     statistics' producer then gets no cotangent, and under jit its backward keeps none of
     their terms. kwargs are static (hashable)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, args)
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, _AUTOMATIC.get(), args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple) -> Any:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
+                  args: tuple) -> Any:
     return call(op, impl, *args, **dict(kwargs))
 
 
-def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple):
+def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
+                      args: tuple):
     return call(op, impl, *args, **dict(kwargs)), args
 
 
-def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool, args: tuple,
-                      cotangents):
+def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
+                      args: tuple, cotangents):
     """JAX's VJP of the xla implementation; `without_stats`: of it without the last argument
-    (x's own statistics), whose cotangent is then zero."""
+    (x's own statistics), whose cotangent is then zero. Traced after the op's call returned,
+    so the call's `automatic_scope` is restored for it."""
     differentiated = args[:-1] if without_stats else args
-    _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), differentiated)
-    (grads,) = vjp(cotangents)
+    with automatic_scope(automatic):
+        _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), differentiated)
+        (grads,) = vjp(cotangents)
     return ((*grads, None) if without_stats else grads,)
 
 

@@ -144,9 +144,10 @@ def rms_norm_gated_dense(
                  for a in (x.reshape(-1, k), scale, w_gate, w_up, gate_bias, up_bias))
     kwargs = dict(activation=activation, eps=eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, stats, **kwargs)
-    if impl is None and chosen == "xla":  # stock's graph: the statistics go unused
-        y = xla_gated.rms_norm_gated_dense(*args, **kwargs)
-    else:
-        s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None)
-        y = _gated(s, *args, stats)
+    with dispatch.automatic_scope(impl is None):
+        if impl is None and chosen == "xla":  # stock's graph: the statistics go unused
+            y = xla_gated.rms_norm_gated_dense(*args, **kwargs)
+        else:
+            s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None)
+            y = _gated(s, *args, stats)
     return y.reshape(*lead, n)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, autodiff, given_statistics, row_stats, sharding
+from jaxnorm import _checks, autodiff, dispatch, given_statistics, row_stats, sharding
 from jaxnorm.backends import xla as _xla  # noqa: F401  (registers the xla backend)
 
 ArrayLike = jax.typing.ArrayLike
@@ -60,10 +60,11 @@ def rms_norm(
     _checks.check_vector("scale", scale, k)
     axis = sharding.normalize_axis_name(axis_name, x)
     x2, lead = _flatten(x)
-    y = autodiff.norm(
-        "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl,
-        axis_name=axis,
-    )
+    with dispatch.automatic_scope(impl is None):
+        y = autodiff.norm(
+            "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl,
+            axis_name=axis,
+        )
     return y.reshape(*lead, k)
 
 
@@ -138,16 +139,17 @@ def rms_norm_dense(
     kernels, is_seq = _checks.as_kernel_tuple(kernel, k)
     biases = _checks.as_bias_tuple(bias, kernels, is_seq)
     axis = sharding.normalize_axis_name(axis_name, x)
-    if statistics is not None:
-        outs = _given_statistics("rms", x, statistics, axis, scale=_array(scale), norm_bias=None,
-                                 kernels=kernels, biases=biases, eps=eps,
-                                 scale_offset=scale_offset, impl=impl)
-        return _unflatten_outputs(outs, x.shape[:-1], is_seq)
-    x2, lead = _flatten(x)
-    outs = autodiff.norm_dense(
-        "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
-        impl=impl, axis_name=axis,
-    )
+    with dispatch.automatic_scope(impl is None):
+        if statistics is not None:
+            outs = _given_statistics("rms", x, statistics, axis, scale=_array(scale),
+                                     norm_bias=None, kernels=kernels, biases=biases, eps=eps,
+                                     scale_offset=scale_offset, impl=impl)
+            return _unflatten_outputs(outs, x.shape[:-1], is_seq)
+        x2, lead = _flatten(x)
+        outs = autodiff.norm_dense(
+            "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
+            impl=impl, axis_name=axis,
+        )
     return _unflatten_outputs(outs, lead, is_seq)
 
 

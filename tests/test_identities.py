@@ -232,3 +232,20 @@ def test_anchor_gated_epilogue():
 
     np.testing.assert_allclose(gated.rms_norm_gated_dense(x, None, ones, ones, eps=0.0),
                                [[expected]], rtol=1e-14)
+
+
+@given(shapes, seeds, st.integers(1, 4))
+def test_rms_backward_one_pass(shape, seed, block_m):
+    m, k, _ = shape
+    err = identities.rms_backward_one_pass(_draw(seed, m, k), _draw(seed + 1, k),
+                                           _draw(seed + 2, m, k), 1e-6, block_m)
+    assert err < FLOAT64_LEVEL * k * 10
+
+
+def test_anchor_rms_backward_one_pass():
+    """x = [3, 4], g = 1, dy = [1, 0], eps = 0: r = 1/sqrt(12.5), rowsum(dy x) = 3, so
+    dx = r ([1, 0] - (3 / 25) [3, 4]) = r [0.64, -0.48] = [0.18102, -0.13576]."""
+    x, dy = np.array([[3.0, 4.0]]), np.array([[1.0, 0.0]])
+    r = 1.0 / np.sqrt(12.5)
+    np.testing.assert_allclose(r * np.array([0.64, -0.48]), [0.18102, -0.13576], atol=1e-5)
+    assert identities.rms_backward_one_pass(x, np.ones(2), dy, 0.0, 1) < FLOAT64_LEVEL

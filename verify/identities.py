@@ -228,3 +228,24 @@ def gated_epilogue(x: np.ndarray, g: np.ndarray, w_gate: np.ndarray, w_up: np.nd
     x_scaled = gated.activation(activation, r * ((x * g) @ w_gate) + b_gate) * (
         r * ((x * g) @ w_up) + b_up)
     return max(_rel(lhs, weights_scaled), _rel(lhs, x_scaled))
+
+
+def rms_backward_one_pass(x: np.ndarray, g: np.ndarray, dy: np.ndarray, eps: float,
+                          block_m: int) -> float:
+    """9. RMSNorm's backward as its kernel computes it from one read of X and dY:
+         dX = diag(r) (dY* - diag(r^2 rowsum(dY* . X) / K) X),   dY* = dY diag(g),
+         dg = sum over row blocks b of colsum(dY_b . X_b . r_b),
+    against the float64 VJP in its textbook form (docs/backward.md, the row rule): the row
+    sum of dY* . X stands for mean(dxhat . xhat), and the gain's column sum is the sum of
+    per-block partials."""
+    from verify import gradients
+
+    k = x.shape[-1]
+    r = ref.rms_inverse(x, eps)
+    d_star = dy * g
+    dx = r * (d_star - (r * r * np.sum(d_star * x, axis=-1, keepdims=True) / k) * x)
+    rows = x.shape[0]
+    dg = sum(np.sum(dy[b:b + block_m] * x[b:b + block_m] * r[b:b + block_m], axis=0)
+             for b in range(0, rows, block_m))
+    expected = gradients.norm_vjp("rms", x, g, None, dy, eps=eps)
+    return max(_rel(dx, expected["x"]), _rel(dg, expected["scale"]))

@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm import row_stats, statistics
+import functools
+
+from jaxnorm import dispatch, row_stats, statistics
 from jaxnorm.dispatch import register
 
 Array = jax.Array
@@ -58,9 +60,50 @@ def layer_normalized_f32(
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
+def _stock_rms_norm(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
+    return rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
+
+
+def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
+    """RMSNorm(x) in x's dtype as stock Flax computes it. Inside an impl=None op where
+    automatic dispatch takes RMSNorm's backward kernel (`dispatch.norm_backward`) its VJP is
+    that kernel; everywhere else JAX differentiates this graph, as it does stock's."""
+    backward = dispatch.norm_backward(x, scale, eps=eps, scale_offset=scale_offset)
+    if backward == "xla":
+        return _stock_rms_norm(x, scale, eps, scale_offset)
+    return _rms_norm_kernel_vjp(backward, float(eps), float(scale_offset), x, scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _rms_norm_kernel_vjp(backward: str, eps: float, scale_offset: float, x: Array,
+                         scale: Array | None) -> Array:
+    return _stock_rms_norm(x, scale, eps, scale_offset)
+
+
+def _rms_norm_kernel_vjp_fwd(backward, eps, scale_offset, x, scale):
+    return _stock_rms_norm(x, scale, eps, scale_offset), (x, scale)
+
+
+def _rms_norm_kernel_vjp_bwd(backward, eps, scale_offset, saved, dy):
+    x, scale = saved
+    return dispatch.call("rms_norm_backward", backward, x, dy.astype(x.dtype), scale, eps=eps,
+                         scale_offset=scale_offset)
+
+
+_rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
+
+
+@register("rms_norm_backward", "xla")
+def rms_norm_vjp(x: Array, g: Array, scale: Array | None, *, eps: float,
+                 scale_offset: float) -> tuple[Array, Array | None]:
+    """(dx, d scale) of RMSNorm(x) for its cotangent g: JAX's VJP of the stock graph."""
+    _, vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset), x, scale)
+    return vjp(g)
+
+
 @register("rms_norm", "xla")
 def rms_norm(x: Array, scale: Array | None, *, eps: float, scale_offset: float) -> Array:
-    return rms_normalized_f32(x, scale, eps, scale_offset).astype(x.dtype)
+    return rms_normalized(x, scale, eps, scale_offset)
 
 
 @register("layer_norm", "xla")
@@ -91,10 +134,9 @@ def rms_norm_dense(
 
     With `stats` (x's rows' RowStats) the row scale comes from them, not from x."""
     if stats is None:
-        normed = rms_normalized_f32(x, scale, eps, scale_offset)
-    else:
-        r = row_stats.rms_inverse(stats, eps)
-        normed = x.astype(jnp.float32) * r[:, None] * _gain(scale, scale_offset)
+        return _dense_outputs(rms_normalized(x, scale, eps, scale_offset), kernels, biases)
+    r = row_stats.rms_inverse(stats, eps)
+    normed = x.astype(jnp.float32) * r[:, None] * _gain(scale, scale_offset)
     return _dense_outputs(normed.astype(x.dtype), kernels, biases)
 
 

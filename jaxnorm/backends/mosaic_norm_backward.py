@@ -1,0 +1,81 @@
+"""Mosaic GPU backend of RMSNorm's backward (`pallas_kernels.rms_norm_backward`).
+
+The op "rms_norm_backward" maps (x, the cotangent of RMSNorm(x) in x's dtype, scale) to
+(dx, d scale). Its xla implementation is JAX's VJP of the stock norm
+(`jaxnorm.backends.xla.rms_norm_vjp`); this one pads rows to whole blocks (zero rows:
+zero gradients, dropped), runs the kernel compiled for the GPU or, with `interpret=True`,
+under the Pallas GPU interpreter with race detection. Under automatic dispatch a training
+step's norms take it only where bench/norm_backward.py measured it faster than the
+stock backward (jaxnorm/backends/norm_backward_measured.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm.backends import norm_backward_measured as measured
+from jaxnorm.backends.mosaic_dense import nearest_measured
+from jaxnorm.backends.mosaic_device import on_gpu_only
+from jaxnorm.dispatch import decline_automatic, register
+from pallas_kernels import hardware, rms_norm_backward as kernel
+from pallas_kernels.errors import Unsupported
+from pallas_kernels.padding import pad_rows, round_up
+
+Array = jax.Array
+OP = "rms_norm_backward"
+
+# Take the kernel where it measured at most this fraction of stock's backward: a kernel
+# launch also splits XLA's command buffer, a wall-time cost CUPTI does not see (README,
+# what you gain in a model).
+MAX_RATIO = 0.95
+
+
+def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool) -> kernel.BackwardConfig:
+    sms = hardware.H200_SMS if interpret else hardware.num_sms()
+    return kernel.select_backward_config(m, k, dtype, num_sms=sms)
+
+
+@register(OP, "mosaic")
+def rms_norm_backward(x: Array, g: Array, scale: Array | None, *, eps: float,
+                      scale_offset: float, interpret: bool) -> tuple[Array, Array | None]:
+    m, k = x.shape
+    if m == 0:
+        raise Unsupported("x has no rows")
+    if g.dtype != x.dtype:
+        raise Unsupported(f"the cotangent's dtype {g.dtype} is not x's {x.dtype}")
+    try:
+        config = _config(m, k, x.dtype, interpret)
+        padded_m = m
+    except Unsupported as reason:
+        padded_m = round_up(m, 4)  # narrow rows take blocks of 4 rows (one warp per row)
+        if padded_m == m:
+            raise
+        try:
+            config = _config(padded_m, k, x.dtype, interpret)
+        except Unsupported:
+            raise reason from None
+    x, g = pad_rows(x, padded_m), pad_rows(g, padded_m)
+    if not interpret:
+        x = on_gpu_only(x, OP)
+    dx, d_scale = kernel.rms_norm_backward(x, g, scale, eps=eps, scale_offset=scale_offset,
+                                           config=config, interpret=interpret)
+    return dx[:m], None if d_scale is None else d_scale.astype(scale.dtype)
+
+
+@decline_automatic(OP)
+def _not_measured_faster(x: Array, g: Array, scale: Array | None, **kwargs) -> str | None:
+    (m, k), dtype, gain = x.shape, jnp.dtype(x.dtype).name, scale is not None
+    entry = nearest_measured(measured.PROVENANCE, (m, k), (
+        (shape, (shape, ratio)) for shape, name, has_gain, ratio in measured.ENTRIES
+        if name == dtype and has_gain == gain))
+    if entry is None:
+        return (f"RMSNorm's backward kernel has no measured shape within 2x of {m}x{k} "
+                f"{dtype} on this GPU (jaxnorm/backends/norm_backward_measured.py, "
+                "python -m bench.norm_backward); training keeps JAX's autodiff of the norm")
+    shape, ratio = entry
+    if ratio > MAX_RATIO:
+        return (f"RMSNorm's backward kernel measured {ratio:.3f}x JAX's autodiff of the norm "
+                f"at {'x'.join(map(str, shape))} {dtype}, above {MAX_RATIO}x "
+                "(jaxnorm/backends/norm_backward_measured.py)")
+    return None

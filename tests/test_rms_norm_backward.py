@@ -1,0 +1,185 @@
+"""RMSNorm's backward kernel: under the Pallas GPU interpreter with race detection against
+float64, lowered for "cuda" at the presets' training shapes, and where autodiff uses it.
+
+The kernel (pallas_kernels/rms_norm_backward.py) maps x and the cotangent of RMSNorm(x)
+to (dx, d scale) reading each once. Explicit impl="mosaic"/"interpret" norms use it in
+their backward; under impl=None a training step's norms use it only where
+jaxnorm/backends/norm_backward_measured.py has it measured faster (nowhere yet).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jaxnorm
+from jaxnorm import dispatch
+from jaxnorm.backends import norm_backward_measured
+from pallas_kernels import hardware
+from pallas_kernels import rms_norm_backward as rb
+from verify import gradients
+from verify import tolerances as tol
+from verify.references import f64
+from kernel_checks import assert_race_free
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+OP = "rms_norm_backward"
+
+
+def _judge(x, g, scale, offset, eps, dx, d_scale) -> float:
+    """The worst normwise error / tolerance of (dx, d scale) against the float64 VJP."""
+    expected = gradients.norm_vjp("rms", x, scale, None, g, eps=eps, scale_offset=offset)
+    magnitude = gradients.norm_vjp("rms", x, scale, None, g, eps=eps, scale_offset=offset,
+                                   magnitude=True)
+    longest = max(x.shape)
+    worst = 0.0
+    for name, got in (("x", dx), ("scale", d_scale)):
+        if expected[name] is None:
+            assert got is None
+            continue
+        err = float(np.linalg.norm(f64(np.asarray(got)) - expected[name]))
+        bound = tol.grad_tolerance(magnitude[name], x.dtype, longest)
+        assert np.isfinite(err) and err <= bound, f"d{name}: {err:.3e} > {bound:.3e}"
+        worst = max(worst, err / bound)
+    return worst
+
+
+# (M, K, dtype, with a gain, gain offset): rows per CTA and vector widths the selection
+# takes: 8-byte vectors (bf16), Gemma's K = 1152, f32 16-byte vectors, one row per CTA,
+# M padded to blocks of 4 rows (6 rows of 320), QK-norm heads (K = 128).
+CASES = [
+    (16, 512, BF16, True, 0.0),
+    (12, 1152, BF16, True, 1.0),
+    (8, 2048, F32, True, 0.5),
+    (6, 320, BF16, False, 0.0),
+    (64, 128, BF16, True, 0.0),
+    (5, 1024, F16, True, 0.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-gain{c[3]}")
+def test_kernel_matches_float64(rng, case):
+    m, k, dtype, with_gain, offset = case
+    x = rng.standard_normal((m, k)).astype(dtype)
+    g = rng.standard_normal((m, k)).astype(dtype)
+    scale = rng.standard_normal(k).astype(F32) if with_gain else None
+    dx, d_scale = dispatch.call(OP, "interpret", jnp.asarray(x), jnp.asarray(g),
+                                None if scale is None else jnp.asarray(scale), eps=1e-6,
+                                scale_offset=offset)
+    assert dx.dtype == dtype and dx.shape == (m, k)
+    assert _judge(x, g, scale, offset, 1e-6, dx, d_scale) <= 1.0
+    assert_race_free()
+
+
+def test_rows_stay_apart(rng):
+    """A NaN in one row of x makes only that row's dx NaN; a zero row (eps > 0) gets
+    r = 1/sqrt(eps), as the float64 VJP has it, and its gradient is finite."""
+    m, k = 8, 512
+    x = rng.standard_normal((m, k)).astype(BF16)
+    x[2] = 0.0
+    g = rng.standard_normal((m, k)).astype(BF16)
+    scale = rng.standard_normal(k).astype(F32)
+    dx, _ = dispatch.call(OP, "interpret", jnp.asarray(x), jnp.asarray(g), jnp.asarray(scale),
+                          eps=1e-5, scale_offset=0.0)
+    assert _judge(x, g, scale, 0.0, 1e-5, dx, _) <= 1.0
+    x[5, 7] = np.nan
+    dx, _ = dispatch.call(OP, "interpret", jnp.asarray(x), jnp.asarray(g), jnp.asarray(scale),
+                          eps=1e-5, scale_offset=0.0)
+    dx = np.asarray(dx, np.float32)
+    assert np.isnan(dx[5]).all()
+    assert np.isfinite(np.delete(dx, 5, axis=0)).all()
+
+
+def test_explicit_impl_backward_runs_the_kernel(rng, monkeypatch):
+    """jax.grad of rms_norm(impl="interpret") takes dx and d scale from the kernel, and they
+    match float64."""
+    calls = []
+    original = rb.rms_norm_backward
+    monkeypatch.setattr(rb, "rms_norm_backward",
+                        lambda *a, **kw: calls.append(kw["config"]) or original(*a, **kw))
+    m, k = 16, 256
+    x = rng.standard_normal((m, k)).astype(BF16)
+    scale = rng.standard_normal(k).astype(F32)
+    g = rng.standard_normal((m, k)).astype(BF16)
+
+    def loss(x, scale):
+        y = jaxnorm.rms_norm(x, scale, eps=1e-6, scale_offset=1.0, impl="interpret")
+        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(g, jnp.float32))
+
+    dx, d_scale = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(scale))
+    assert len(calls) == 1
+    assert _judge(x, g, scale, 1.0, 1e-6, dx, d_scale) <= 1.0
+
+
+def test_automatic_dispatch_declines_the_unmeasured_kernel():
+    """No GPU measurement yet: impl=None keeps JAX's autodiff of the norm and says why."""
+    assert norm_backward_measured.ENTRIES == ()
+    x = jnp.ones((4096, 2048), jnp.bfloat16)
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        with dispatch.automatic_scope(True):
+            assert dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0) == "xla"
+    assert "no measured shape" in jaxnorm.fallback_reasons()[OP]
+    assert dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0) == "xla"  # no scope
+
+
+def _grad_lowered_for_h200(fn, *avals) -> str:
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        lowered = jax.jit(jax.grad(fn, argnums=tuple(range(len(avals))))).trace(*avals).lower(
+            lowering_platforms=("cuda",))
+    return lowered.as_text()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_dense", "given statistics"])
+def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
+    """Where the table has the kernel faster, the backward of an impl=None op planned for
+    the H200 has one more Mosaic launch (the norm's backward) than with the table empty,
+    and an explicit impl="xla" none."""
+    m, k, n = 4096, 2048, 512
+    S = jax.ShapeDtypeStruct
+    x, scale, w = S((m, k), jnp.bfloat16), S((k,), jnp.float32), S((k, n), jnp.bfloat16)
+
+    def loss(impl, x, scale, w):
+        if op == "rms_norm":
+            y = jaxnorm.rms_norm(x, scale, impl=impl)
+        elif op == "rms_norm_dense":
+            y = jaxnorm.rms_norm_dense(x, scale, w, impl=impl)
+        else:
+            stats = jaxnorm.row_stats.of_rows(x)
+            y = jaxnorm.rms_norm_dense(x, scale, w, impl=impl, statistics=stats)
+        return jnp.sum(y.astype(jnp.float32))
+
+    def launches(impl) -> int:
+        return _grad_lowered_for_h200(functools.partial(loss, impl), x, scale, w).count(
+            "custom_call @mosaic_gpu_v2(")
+
+    before = launches(None)
+    monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
+    monkeypatch.setattr(norm_backward_measured, "ENTRIES", (((m, k), "bfloat16", True, 0.8),))
+    assert launches(None) == before + 1
+    assert launches("xla") == 0
+
+
+# The model presets' training norms (M = batch x sequence rows of d_model) and their
+# QK-norm heads (M x heads rows of head_dim), as the H200 would run them.
+TRAINING_SHAPES = [(4096, 2048), (4096, 1024), (2048, 1152), (4096, 2560), (4096, 4096),
+                   (65536, 128), (8192, 256)]
+
+
+@pytest.mark.parametrize("m, k", TRAINING_SHAPES)
+@pytest.mark.parametrize("with_gain", [True, False], ids=["gain", "folded"])
+def test_kernel_lowers_for_cuda(m, k, with_gain):
+    S = jax.ShapeDtypeStruct
+    config = rb.select_backward_config(m, k, jnp.bfloat16, num_sms=hardware.H200_SMS)
+    fn = functools.partial(rb.rms_norm_backward, eps=1e-6, scale_offset=0.0, config=config)
+    scale = S((k,), jnp.float32) if with_gain else None
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        lowered = jax.jit(fn).trace(S((m, k), jnp.bfloat16), S((m, k), jnp.bfloat16),
+                                    scale).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("custom_call @mosaic_gpu_v2(") == 1
