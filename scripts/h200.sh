@@ -19,6 +19,9 @@
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
+#   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
+#   VARIANTS='stock,jaxnorm,norm backward kernel,norm-free' MODEL=llama3.2-1b PHASE=train \
+#     bash scripts/h200.sh variant-probe      # a training step with it, interleaved
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -90,6 +93,12 @@ for name in "$@"; do
         "$WORK/decode_attention/decode-attention.json" --run-commit "${RUN_COMMIT:-unknown}" \
         --run-command "python -m bench.decode_attention_bench --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) ${ATTN_ARGS:-}"
       cp jaxnorm/backends/decode_attention_measured.py "$WORK/" ;;
+    norm-backward)  # RMSNorm's backward kernel vs JAX's autodiff of the norm, then its table
+      stage norm_backward "${BACKWARD_LIMIT:-150}" python3 -m bench.norm_backward \
+        --budget-s $(( ${BACKWARD_LIMIT:-150} - 30 )) --out "$WORK/norm_backward"
+      stage backward_table 30 python3 -m bench.norm_backward --write-table \
+        "$WORK/norm_backward/norm-backward.json" --run-commit "${RUN_COMMIT:-unknown}"
+      cp jaxnorm/backends/norm_backward_measured.py "$WORK/" ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped

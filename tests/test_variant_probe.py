@@ -33,3 +33,20 @@ def test_kernels_declined_patches_dispatch_only_while_tracing():
     probe()
     assert seen == [True]
     assert dispatch.hopper_or_newer() is False  # this host has no Hopper GPU
+
+
+def test_norm_backward_kernel_variant_takes_the_kernel_only_while_tracing():
+    import jax.numpy as jnp
+    from pallas_kernels import hardware
+
+    x = jnp.ones((4096, 2048), jnp.bfloat16)
+
+    def choice() -> str:
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()), dispatch.automatic_scope(True):
+            return dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0)
+
+    seen = []
+    variant_probe.traced_with(lambda: seen.append(choice()),
+                              variant_probe._norm_backward_everywhere)()
+    assert seen == ["mosaic"]
+    assert choice() == "xla"  # the measured table (empty) decides again

@@ -6,7 +6,10 @@ measured in interleaved rounds, to take jaxnorm's model apart:
   `jaxnorm.nnx.RMSNorm` and rotated by the model's rope, in [B, T, H, hd];
 - "stock QK-norm": that, with the q/k norm modules stock Flax's nnx.RMSNorm (same gains);
 - "kernels declined": jaxnorm's model with automatic dispatch answering xla for every op
-  (as on a GPU without Mosaic kernels): its graph without any kernel forward.
+  (as on a GPU without Mosaic kernels): its graph without any kernel forward;
+- "norm backward kernel": jaxnorm's model with RMSNorm's backward kernel taken wherever it
+  serves the rows (pallas_kernels/rms_norm_backward.py), as if its measured table
+  (jaxnorm/backends/norm_backward_measured.py) had it faster at every training shape.
 
 With --detail, round 1 writes each variant's kernels by name and optimized HLO, for
 `python -m bench.kernel_diff DIR A B --model M`. Usage:
@@ -29,7 +32,8 @@ from bench import model_suite, timing
 from jaxnorm import dispatch, models
 from jaxnorm.models import layers
 
-EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined")
+EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel")
+BACKWARD_OP = "rms_norm_backward"
 
 
 @contextlib.contextmanager
@@ -51,6 +55,17 @@ def traced_with(fn: Callable, context: Callable[[], contextlib.AbstractContextMa
     return inside
 
 
+@contextlib.contextmanager
+def _norm_backward_everywhere() -> Iterator[None]:
+    """Automatic dispatch taking RMSNorm's backward kernel at every shape it serves."""
+    dispatch._load_mosaic_backends()
+    rule = dispatch._DECLINE_AUTO.pop(BACKWARD_OP)
+    try:
+        yield
+    finally:
+        dispatch._DECLINE_AUTO[BACKWARD_OP] = rule
+
+
 def with_stock_qk_norms(stock: nnx.Module) -> nnx.Module:
     """jaxnorm's model of `stock`'s parameters, its blocks' q_norm and k_norm stock's."""
     out = models.load_params(stock, fused=True, impl=None)
@@ -66,6 +81,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     models_ = model_suite.build_variants(shape)
     unfused = lambda: _patched(layers, "fuses_attention_input", lambda cfg: False)
     declined = lambda: _patched(dispatch, "hopper_or_newer", lambda: False)
+    contexts = {"unfused attention input": unfused, "kernels declined": declined,
+                "norm backward kernel": _norm_backward_everywhere}
     out = {}
     for label in labels:
         if label == "stock QK-norm":
@@ -73,8 +90,7 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
             out[label] = model, traced_with(case(model)[0], unfused)
         elif label in EXTRA:
             model = models_["jaxnorm"]
-            context = unfused if label == "unfused attention input" else declined
-            out[label] = model, traced_with(case(model)[0], context)
+            out[label] = model, traced_with(case(model)[0], contexts[label])
         else:
             out[label] = models_[label], case(models_[label])[0]
     return out

@@ -1,0 +1,202 @@
+"""RMSNorm's backward kernel (pallas_kernels/rms_norm_backward.py) against JAX's autodiff of
+the stock norm, at the model presets' training norms.
+
+    PYTHONPATH=. python -m bench.norm_backward --out $OUT [--budget-s 120]
+    PYTHONPATH=. python -m bench.norm_backward --smoke --out /tmp/nb          # CPU, interpreter
+    PYTHONPATH=. python -m bench.norm_backward --write-table $OUT/norm-backward.json \
+        --run-commit abc1234                       # -> jaxnorm/backends/norm_backward_measured.py
+
+Per shape (M x K: a preset's training rows of d_model, and its QK-norm heads' rows of
+head_dim), bf16, with a gain (the unfolded model) and without (flashified): (x, G) ->
+(dx, d scale) two ways,
+
+- "kernel": `jaxnorm.backends.mosaic_norm_backward` (one launch, x and G read once, plus
+  XLA's sum of the gain's per-block column partials);
+- "stock": JAX's VJP of the stock norm (`jaxnorm.backends.xla.rms_norm_vjp`), what a
+  training step runs for the norm today.
+
+Each output is judged against the float64 VJP first (a wrong one is reported, never timed);
+then both are timed interleaved (bench/decode_groups.py's rounds, CUPTI kernel time, inputs
+rotated through copies larger than L2). The op alone is not the model: in a training step
+XLA fuses the stock backward with its neighbours (the residual stream's gradient add), so
+the model suite's variant "norm backward kernel" (bench/gpu/variant_probe.py) is the test
+that decides; this table is what automatic dispatch reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import decode_groups, decode_table_writer, report, timing
+from bench.gemm_table_writer import module_header
+from bench.model_suite import SHAPES
+from jaxnorm.backends import norm_backward_measured
+from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
+
+BF16 = jnp.bfloat16
+KERNEL, STOCK = "kernel", "stock"
+SMOKE_SHAPES = [(16, 256)]
+TABLE_PATH = Path(norm_backward_measured.__file__)
+
+
+def training_shapes() -> list[tuple[int, int]]:
+    """(M, K) of every preset's training norms: d_model rows, then QK-norm head rows."""
+    shapes = []
+    for shape in SHAPES.values():
+        c, rows = shape.cfg, shape.train[0] * shape.train[1]
+        shapes.append((rows, c.d_model))
+        if c.qk_norm:
+            shapes.append((rows * c.n_heads, c.head_dim))
+    return list(dict.fromkeys(shapes))
+
+
+def _inputs(key: jax.Array, m: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(x, G, gain): activations, the cotangent of the normed activations, a gain near 1."""
+    kx, kg, ks = jax.random.split(key, 3)
+    return (jax.random.normal(kx, (m, k), BF16), jax.random.normal(kg, (m, k), BF16),
+            1 + 0.1 * jax.random.normal(ks, (k,), jnp.float32))
+
+
+def _variants(with_gain: bool, interpret: bool) -> dict[str, Callable[..., Any]]:
+    from jaxnorm import dispatch
+    from jaxnorm.backends import xla
+
+    impl = "interpret" if interpret else "mosaic"
+
+    def kernel(x, g, scale):
+        return dispatch.call("rms_norm_backward", impl, x, g, scale if with_gain else None,
+                             eps=1e-6, scale_offset=0.0)
+
+    def stock(x, g, scale):
+        return xla.rms_norm_vjp(x, g, scale if with_gain else None, eps=1e-6, scale_offset=0.0)
+
+    return {KERNEL: kernel, STOCK: stock}
+
+
+def check(label: str, fn: Callable[..., Any], first: tuple[jax.Array, ...],
+          with_gain: bool) -> dict[str, Any]:
+    """The variant's entry: its worst err/tol against the float64 VJP, and whether it is right."""
+    from verify import gradients
+    from verify import tolerances as tol
+
+    x, g, scale = (np.asarray(a, np.float64) for a in first)
+    scale = scale if with_gain else None
+    entry: dict[str, Any] = dict(label=label)
+    try:
+        got = dict(zip(("x", "scale"), jax.jit(fn)(*first)))
+        expected = gradients.norm_vjp("rms", x, scale, None, g, eps=1e-6)
+        magnitude = gradients.norm_vjp("rms", x, scale, None, g, eps=1e-6, magnitude=True)
+        worst = 0.0
+        for name in ("x", "scale") if with_gain else ("x",):
+            err = float(np.linalg.norm(np.asarray(got[name], np.float64) - expected[name]))
+            worst = max(worst, err / tol.grad_tolerance(magnitude[name], BF16, max(x.shape)))
+        entry.update(err_tol=worst, correct=bool(worst <= 1.0))
+    except Exception as err:  # a wrong or failing variant is reported, not timed
+        entry.update(correct=False, failure=f"{type(err).__name__}: {str(err)[:300]}")
+    return entry
+
+
+def measure_shape(m: int, k: int, with_gain: bool, *, repeats: int,
+                  interpret: bool) -> list[dict[str, Any]]:
+    key = jax.random.key(m * 31 + k)
+    first = _inputs(key, m, k)
+    copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k) for c in range(1, copies)]
+    fns = _variants(with_gain, interpret)
+    entries = [check(label, fn, first, with_gain) for label, fn in fns.items()]
+    decode_groups.time_interleaved(entries, fns, arg_sets, repeats=repeats,
+                                   weight_bytes=2 * m * k * 2, baselines=((STOCK, "vs_stock"),))
+    return entries
+
+
+def table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
+    lines = []
+    for row in rows:
+        by_label = {e["label"]: e for e in row["variants"]}
+        kernel, stock = by_label[KERNEL], by_label[STOCK]
+        lines.append(["x".join(map(str, row["shape"])), "yes" if row["gain"] else "folded",
+                      report.fmt(kernel.get("us")), report.fmt(stock.get("us")),
+                      report.fmt(kernel.get("vs_stock"), 3),
+                      report.fmt(kernel.get("tb_s"), 2), report.fmt(kernel.get("err_tol"), 3)])
+    return report.TextTable(
+        "RMSNorm backward, bf16 (CUPTI us; TB/s of x and G read)",
+        ["M x K", "gain", "kernel us", "stock us", "kernel / stock", "kernel TB/s",
+         "kernel err/tol"], lines, left_columns=2)
+
+
+def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """jaxnorm/backends/norm_backward_measured.py from GPU runs (a shape measured twice: the
+    later run's)."""
+    gpu = [d for d in docs if not d.get("smoke")]
+    if not gpu:
+        raise ValueError("a table needs a GPU run, not --smoke")
+    env = gpu[-1]["environment"]
+    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
+                      sms=gpu[-1]["sms"], commit=commit)
+    entries = {}
+    for doc in gpu:
+        for row in doc["rows"]:
+            kernel = {e["label"]: e for e in row["variants"]}[KERNEL]
+            if "vs_stock" in kernel:
+                entries[(tuple(row["shape"]), row["gain"])] = kernel["vs_stock"]
+    lines = module_header(norm_backward_measured.__doc__,
+                          "The run: command, UTC date, GPU, its SM count, commit.", provenance)
+    lines += ["# ((M, K), dtype name, with a gain, kernel / stock autodiff of the norm's "
+              "backward).", "ENTRIES: tuple[tuple[tuple[int, int], str, bool, float], ...] = ("]
+    lines += [f"    ({shape!r}, 'bfloat16', {gain!r}, {ratio:.3f}),"
+              for (shape, gain), ratio in entries.items()]
+    return "\n".join(lines + [")", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--budget-s", type=float, default=120.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny shape under the Pallas interpreter (CPU)")
+    decode_table_writer.add_table_arguments(
+        parser, "jaxnorm/backends/norm_backward_measured.py", "python -m bench.norm_backward")
+    args = parser.parse_args(argv)
+    if args.write_table:
+        print(decode_table_writer.write_source(table_source, args.write_table, TABLE_PATH,
+                                               command=args.run_command,
+                                               commit=args.run_commit))
+        return 0
+    if args.smoke:
+        use_interpreter_safe_xla_flags()  # before jax computes anything
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    sms = 4 if args.smoke else jax.devices()[0].core_count
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
+                                   budget_s=args.budget_s, rows=[], skipped=[])
+    for m, k in SMOKE_SHAPES if args.smoke else training_shapes():
+        for with_gain in (True, False):
+            if time.monotonic() - start > args.budget_s:
+                payload["skipped"].append([m, k, with_gain])
+                continue
+            entries = measure_shape(m, k, with_gain, repeats=1 if args.smoke else 10,
+                                    interpret=args.smoke)
+            payload["rows"].append(dict(shape=[m, k], gain=with_gain, variants=entries))
+            payload["elapsed_s"] = time.monotonic() - start
+            report.write_json(args.out / "norm-backward.json", payload)
+            print(f"{m}x{k} gain={with_gain}: " + ", ".join(
+                f"{e['label']} {e.get('us', e.get('failure', 'not timed'))}" for e in entries),
+                flush=True)
+    skipped = ", ".join("x".join(map(str, s[:2])) for s in payload["skipped"]) or "none"
+    report.write_markdown(args.out / "norm-backward.md", "RMSNorm backward",
+                          [f"`python -m bench.norm_backward` ({time.monotonic() - start:.0f} s;"
+                           f" skipped for the budget: {skipped})."], [table(payload["rows"])])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""bench/norm_backward.py on CPU: both variants judged against float64, and its table writer."""
+
+import importlib.util
+import json
+
+from bench import norm_backward
+
+
+def test_smoke_run_checks_both_variants(tmp_path):
+    assert norm_backward.main(["--smoke", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "norm-backward.json").read_text())
+    assert [row["gain"] for row in doc["rows"]] == [True, False]
+    for row in doc["rows"]:
+        for entry in row["variants"]:
+            assert entry["correct"] and entry["err_tol"] <= 1.0, entry
+    assert (tmp_path / "norm-backward.md").read_text().count("16x256") == 2
+
+
+def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
+    assert norm_backward.main(["--smoke", "--out", str(tmp_path)]) == 0
+    smoke = json.loads((tmp_path / "norm-backward.json").read_text())
+    try:
+        norm_backward.table_source([smoke], "cmd", "abc")
+        raise AssertionError("a smoke run must not become a table")
+    except ValueError as err:
+        assert "GPU run" in str(err)
+    gpu = dict(smoke, smoke=False, sms=132)
+    source = norm_backward.table_source([gpu], "cmd", "abc")
+    path = tmp_path / "table.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("table", path)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    ratios = {gain: round(e["vs_stock"], 3) for row in gpu["rows"] for e in row["variants"]
+              if e["label"] == "kernel" for gain in [row["gain"]]}
+    assert table.ENTRIES == (((16, 256), "bfloat16", True, ratios[True]),
+                             ((16, 256), "bfloat16", False, ratios[False]))
+    assert table.PROVENANCE["sms"] == 132 and table.PROVENANCE["commit"] == "abc"
