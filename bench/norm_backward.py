@@ -15,6 +15,11 @@ head_dim), bf16, with a gain (the unfolded model) and without (flashified): (x, 
 - "stock": JAX's VJP of the stock norm (`jaxnorm.backends.xla.rms_norm_vjp`), what a
   training step runs for the norm today.
 
+A d_model norm reads the residual stream, so in a step x's gradient is the norm's dx plus
+the stream's own cotangent R, which XLA adds inside the stock backward's last fusion and
+in a separate pass after the kernel: at those shapes both variants return dx + R (with R
+an input), at the heads' shapes (QK-norm, no stream) dx alone.
+
 Each output is judged against the float64 VJP first (a wrong one is reported, never timed);
 then both are timed interleaved (bench/decode_groups.py's rounds, CUPTI kernel time, inputs
 rotated through copies larger than L2). The op alone is not the model: in a training step
@@ -59,42 +64,54 @@ def training_shapes() -> list[tuple[int, int]]:
     return list(dict.fromkeys(shapes))
 
 
-def _inputs(key: jax.Array, m: int, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(x, G, gain): activations, the cotangent of the normed activations, a gain near 1."""
-    kx, kg, ks = jax.random.split(key, 3)
+def _inputs(key: jax.Array, m: int, k: int) -> tuple[jax.Array, ...]:
+    """(x, G, R, gain): activations, the cotangent of the normed activations, the residual
+    stream's own cotangent, a gain near 1."""
+    kx, kg, kr, ks = jax.random.split(key, 4)
     return (jax.random.normal(kx, (m, k), BF16), jax.random.normal(kg, (m, k), BF16),
+            jax.random.normal(kr, (m, k), BF16),
             1 + 0.1 * jax.random.normal(ks, (k,), jnp.float32))
 
 
-def _variants(with_gain: bool, interpret: bool) -> dict[str, Callable[..., Any]]:
+def _variants(with_gain: bool, stream: bool, interpret: bool) -> dict[str, Callable[..., Any]]:
+    """label -> fn(x, G, R, gain) -> (dx [+ R], d scale or None)."""
     from jaxnorm import dispatch
     from jaxnorm.backends import xla
 
     impl = "interpret" if interpret else "mosaic"
 
-    def kernel(x, g, scale):
-        return dispatch.call("rms_norm_backward", impl, x, g, scale if with_gain else None,
-                             eps=1e-6, scale_offset=0.0)
+    def plus_stream(grads, r):
+        dx, d_scale = grads
+        return (dx + r if stream else dx), d_scale
 
-    def stock(x, g, scale):
-        return xla.rms_norm_vjp(x, g, scale if with_gain else None, eps=1e-6, scale_offset=0.0)
+    def kernel(x, g, r, scale):
+        return plus_stream(dispatch.call("rms_norm_backward", impl, x, g,
+                                         scale if with_gain else None, eps=1e-6,
+                                         scale_offset=0.0), r)
+
+    def stock(x, g, r, scale):
+        return plus_stream(xla.rms_norm_vjp(x, g, scale if with_gain else None, eps=1e-6,
+                                            scale_offset=0.0), r)
 
     return {KERNEL: kernel, STOCK: stock}
 
 
 def check(label: str, fn: Callable[..., Any], first: tuple[jax.Array, ...],
-          with_gain: bool) -> dict[str, Any]:
-    """The variant's entry: its worst err/tol against the float64 VJP, and whether it is right."""
+          with_gain: bool, stream: bool) -> dict[str, Any]:
+    """The variant's entry: its worst err/tol against the float64 VJP (plus R, added in
+    float64, where the stream's cotangent is part of the output), and whether it is right."""
     from verify import gradients
     from verify import tolerances as tol
 
-    x, g, scale = (np.asarray(a, np.float64) for a in first)
+    x, g, r, scale = (np.asarray(a, np.float64) for a in first)
     scale = scale if with_gain else None
     entry: dict[str, Any] = dict(label=label)
     try:
         got = dict(zip(("x", "scale"), jax.jit(fn)(*first)))
         expected = gradients.norm_vjp("rms", x, scale, None, g, eps=1e-6)
         magnitude = gradients.norm_vjp("rms", x, scale, None, g, eps=1e-6, magnitude=True)
+        if stream:
+            expected["x"], magnitude["x"] = expected["x"] + r, magnitude["x"] + np.abs(r)
         worst = 0.0
         for name in ("x", "scale") if with_gain else ("x",):
             err = float(np.linalg.norm(np.asarray(got[name], np.float64) - expected[name]))
@@ -105,17 +122,22 @@ def check(label: str, fn: Callable[..., Any], first: tuple[jax.Array, ...],
     return entry
 
 
-def measure_shape(m: int, k: int, with_gain: bool, *, repeats: int,
+def measure_shape(m: int, k: int, with_gain: bool, stream: bool, *, repeats: int,
                   interpret: bool) -> list[dict[str, Any]]:
     key = jax.random.key(m * 31 + k)
     first = _inputs(key, m, k)
     copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
     arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k) for c in range(1, copies)]
-    fns = _variants(with_gain, interpret)
-    entries = [check(label, fn, first, with_gain) for label, fn in fns.items()]
+    fns = _variants(with_gain, stream, interpret)
+    entries = [check(label, fn, first, with_gain, stream) for label, fn in fns.items()]
     decode_groups.time_interleaved(entries, fns, arg_sets, repeats=repeats,
                                    weight_bytes=2 * m * k * 2, baselines=((STOCK, "vs_stock"),))
     return entries
+
+
+def stream_rows(k: int) -> bool:
+    """Whether rows of K are a d_model norm's (the residual stream's) in some preset."""
+    return any(shape.cfg.d_model == k for shape in SHAPES.values())
 
 
 def table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
@@ -124,13 +146,14 @@ def table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
         by_label = {e["label"]: e for e in row["variants"]}
         kernel, stock = by_label[KERNEL], by_label[STOCK]
         lines.append(["x".join(map(str, row["shape"])), "yes" if row["gain"] else "folded",
+                      "+ R" if row.get("stream") else "",
                       report.fmt(kernel.get("us")), report.fmt(stock.get("us")),
                       report.fmt(kernel.get("vs_stock"), 3),
                       report.fmt(kernel.get("tb_s"), 2), report.fmt(kernel.get("err_tol"), 3)])
     return report.TextTable(
         "RMSNorm backward, bf16 (CUPTI us; TB/s of x and G read)",
-        ["M x K", "gain", "kernel us", "stock us", "kernel / stock", "kernel TB/s",
-         "kernel err/tol"], lines, left_columns=2)
+        ["M x K", "gain", "stream", "kernel us", "stock us", "kernel / stock", "kernel TB/s",
+         "kernel err/tol"], lines, left_columns=3)
 
 
 def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
@@ -183,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - start > args.budget_s:
                 payload["skipped"].append([m, k, with_gain])
                 continue
-            entries = measure_shape(m, k, with_gain, repeats=1 if args.smoke else 10,
+            # --smoke covers both forms: with the stream's cotangent where it has the gain.
+            stream = with_gain if args.smoke else stream_rows(k)
+            entries = measure_shape(m, k, with_gain, stream, repeats=1 if args.smoke else 10,
                                     interpret=args.smoke)
-            payload["rows"].append(dict(shape=[m, k], gain=with_gain, variants=entries))
+            payload["rows"].append(dict(shape=[m, k], gain=with_gain, stream=stream,
+                                        variants=entries))
             payload["elapsed_s"] = time.monotonic() - start
             report.write_json(args.out / "norm-backward.json", payload)
             print(f"{m}x{k} gain={with_gain}: " + ", ".join(

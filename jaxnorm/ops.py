@@ -293,10 +293,11 @@ def dense_rms_norm(
     axis = sharding.normalize_axis_name(axis_name, w, "kernel")
     _check_statistics_request(return_statistics, residual_after, axis)
     gain = _offset_gain(scale, scale_offset)
-    y, extra = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps,
-                                   impl=impl, axis_name=axis,
-                                   residual_after=residual_after is not None,
-                                   output_stats=return_statistics)
+    with dispatch.automatic_scope(impl is None):
+        y, extra = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps,
+                                       impl=impl, axis_name=axis,
+                                       residual_after=residual_after is not None,
+                                       output_stats=return_statistics)
     return _post_norm_result(y, extra, lead, n, return_statistics)
 
 

@@ -9,7 +9,7 @@ from bench import norm_backward
 def test_smoke_run_checks_both_variants(tmp_path):
     assert norm_backward.main(["--smoke", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "norm-backward.json").read_text())
-    assert [row["gain"] for row in doc["rows"]] == [True, False]
+    assert [(row["gain"], row["stream"]) for row in doc["rows"]] == [(True, True), (False, False)]
     for row in doc["rows"]:
         for entry in row["variants"]:
             assert entry["correct"] and entry["err_tol"] <= 1.0, entry

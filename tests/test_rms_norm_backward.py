@@ -51,29 +51,31 @@ def _judge(x, g, scale, offset, eps, dx, d_scale) -> float:
     return worst
 
 
-# (M, K, dtype, with a gain, gain offset): rows per CTA and vector widths the selection
-# takes: 8-byte vectors (bf16), Gemma's K = 1152, f32 16-byte vectors, one row per CTA,
-# M padded to blocks of 4 rows (6 rows of 320), QK-norm heads (K = 128).
+# (M, K, dtype, gain dtype or None, gain offset): rows per CTA and vector widths the
+# selection takes: 8-byte vectors (bf16), Gemma's K = 1152 with its (1 + g) gain stored in
+# bf16 as the presets store it, f32 16-byte vectors, one row per CTA, M padded to blocks of
+# 4 rows (6 rows of 320), QK-norm heads (K = 128).
 CASES = [
-    (16, 512, BF16, True, 0.0),
-    (12, 1152, BF16, True, 1.0),
-    (8, 2048, F32, True, 0.5),
-    (6, 320, BF16, False, 0.0),
-    (64, 128, BF16, True, 0.0),
-    (5, 1024, F16, True, 0.0),
+    (16, 512, BF16, F32, 0.0),
+    (12, 1152, BF16, BF16, 1.0),
+    (8, 2048, F32, F32, 0.5),
+    (6, 320, BF16, None, 0.0),
+    (64, 128, BF16, F32, 0.0),
+    (5, 1024, F16, F32, 0.0),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-gain{c[3]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-gain-{c[3]}")
 def test_kernel_matches_float64(rng, case):
-    m, k, dtype, with_gain, offset = case
+    m, k, dtype, gain_dtype, offset = case
     x = rng.standard_normal((m, k)).astype(dtype)
     g = rng.standard_normal((m, k)).astype(dtype)
-    scale = rng.standard_normal(k).astype(F32) if with_gain else None
+    scale = None if gain_dtype is None else rng.standard_normal(k).astype(gain_dtype)
     dx, d_scale = dispatch.call(OP, "interpret", jnp.asarray(x), jnp.asarray(g),
                                 None if scale is None else jnp.asarray(scale), eps=1e-6,
                                 scale_offset=offset)
     assert dx.dtype == dtype and dx.shape == (m, k)
+    assert d_scale is None if scale is None else d_scale.dtype == gain_dtype
     assert _judge(x, g, scale, offset, 1e-6, dx, d_scale) <= 1.0
     assert_race_free()
 
@@ -136,7 +138,8 @@ def _grad_lowered_for_h200(fn, *avals) -> str:
     return lowered.as_text()
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_dense", "given statistics"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_dense", "given statistics",
+                                "post-norm"])
 def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
     """Where the table has the kernel faster, the backward of an impl=None op planned for
     the H200 has one more Mosaic launch (the norm's backward) than with the table empty,
@@ -150,9 +153,12 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
             y = jaxnorm.rms_norm(x, scale, impl=impl)
         elif op == "rms_norm_dense":
             y = jaxnorm.rms_norm_dense(x, scale, w, impl=impl)
-        else:
+        elif op == "given statistics":
             stats = jaxnorm.row_stats.of_rows(x)
             y = jaxnorm.rms_norm_dense(x, scale, w, impl=impl, statistics=stats)
+        else:  # Gemma's o-projection: r + RMSNorm(x @ W), the norm over N
+            y = jaxnorm.dense_rms_norm(x, w, None, scale[:n], residual_after=x[:, :n],
+                                       impl=impl)
         return jnp.sum(y.astype(jnp.float32))
 
     def launches(impl) -> int:
@@ -161,7 +167,8 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
 
     before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
-    monkeypatch.setattr(norm_backward_measured, "ENTRIES", (((m, k), "bfloat16", True, 0.8),))
+    monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
+        ((m, k), "bfloat16", True, 0.8), ((m, n), "bfloat16", True, 0.8)))
     assert launches(None) == before + 1
     assert launches("xla") == 0
 

@@ -206,7 +206,15 @@ def dense_rms_norm(
     residual kept in float32 until the end; with `residual_after`, (residual +
     RMSNorm(x @ W + b), h or None), the add in x's dtype. `output_stats` (with
     pre_norm_sum=False) returns (y, mean, M2) of y's float32 rows instead."""
-    h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
+    if residual is None or residual_after:
+        # The product as stock's Linear writes it, normed as stock's norm (its float32 copy
+        # normalized, then rounded), so a training step may differentiate the norm with
+        # its kernel (`rms_normalized`).
+        product = _linear(x, kernel, bias)
+        y = rms_normalized(product, scale, eps, 0.0)
+        return _post_norm_outputs(x, product.astype(jnp.float32), y, residual, residual_after,
+                                  pre_norm_sum, output_stats)
+    h = _pre_norm_sum(x, kernel, bias, residual)
     y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
     return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum, output_stats)
 
