@@ -3,7 +3,8 @@
     PYTHONPATH=. python bench/gpu/check_kernels.py            # H200: impl="mosaic", < 4 min
     SMOKE=1 PYTHONPATH=. python bench/gpu/check_kernels.py    # CPU: interpreter, small sizes
 
-Three kinds of check, each over the six ops and the kernels' own variants:
+Three kinds of check, each over the six ops, RMSNorm's backward kernel and the kernels' own
+variants:
 - correct: every output within verify's error model of the float64 reference
   (`verify.checks.check_op` / `check_outputs`), the backends' picks and padding included;
 - NaN isolated: a NaN in one row of x poisons that output row only (the judge requires
@@ -640,6 +641,83 @@ def decode_attention_input_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# RMSNorm's backward at the presets' training norms (full) and small stand-ins (SMOKE):
+# d_model rows of Llama-3.2-1B, Qwen3-0.6B, Gemma-3-1B, Llama-3-8B, and QK-norm heads.
+NORM_BACKWARD_SHAPES = [((4096, 2048), (8, 512)), ((4096, 1024), (16, 256)),
+                        ((2048, 1152), (12, 1152)), ((4096, 4096), (4, 1024)),
+                        ((65536, 128), (64, 128))]
+
+
+def norm_backward_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable for RMSNorm's backward kernel (op
+    "rms_norm_backward" under IMPL), judged by verify against the float64 VJP of rms_norm."""
+    from jaxnorm import dispatch
+    from verify.references import f64
+
+    def inputs(seed: int, m: int, k: int, gain: bool):
+        rng = np.random.default_rng(seed)
+        return (_draw(rng, (m, k), BF16), _draw(rng, (m, k), BF16),
+                (1 + 0.2 * rng.standard_normal(k)).astype(np.float32) if gain else None)
+
+    def run(x, g, scale):
+        return dispatch.call("rms_norm_backward", IMPL, jnp.asarray(x), jnp.asarray(g),
+                             None if scale is None else jnp.asarray(scale), eps=1e-6,
+                             scale_offset=0.0)
+
+    def judge(x, g, scale, dx, d_scale) -> str:
+        grads = {"x": dx} if scale is None else {"x": dx, "scale": d_scale}
+        ratio = checks.check_grads_of("rms_norm", grads, [f64(g)], x=x, scale=scale, eps=1e-6,
+                                      scale_offset=0.0)
+        return f"err/tol {ratio:.3f}"
+
+    cases = []
+    for i, (full, smoke) in enumerate(NORM_BACKWARD_SHAPES):
+        m, k = _size(full, smoke)
+        for gain in (True, False):
+            label = f"rms_norm_backward {m}x{k} {'gain' if gain else 'folded'}"
+            seed = 1000 + 10 * i + gain
+
+            def correct(m=m, k=k, gain=gain, seed=seed):
+                x, g, scale = inputs(seed, m, k, gain)
+                return judge(x, g, scale, *run(x, g, scale))
+
+            def nan_isolated(m=m, k=k, gain=gain, seed=seed):
+                x, g, scale = inputs(seed + 1, m, k, gain)
+                x = np.array(x)
+                x[m // 2, k // 3] = np.nan
+                dx = np.asarray(run(x, g, scale)[0], np.float32)
+                nan_rows = np.flatnonzero(np.isnan(dx).any(axis=1))
+                if list(nan_rows) != [m // 2] or not np.isnan(dx[m // 2]).all():
+                    raise AssertionError(f"NaN rows {list(nan_rows)[:8]}, expected [{m // 2}]")
+                keep = np.arange(m) != m // 2
+                return _judge_dx_only(x[keep], np.asarray(g)[keep], scale, dx[keep])
+
+            def repeatable(m=m, k=k, gain=gain, seed=seed):
+                x, g, scale = inputs(seed + 2, m, k, gain)
+                _assert_bitwise(run(x, g, scale), run(x, g, scale), "second call")
+                return "bitwise"
+
+            cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
+                      ("repeatable", label, repeatable)]
+    return cases
+
+
+def _judge_dx_only(x, g, scale, dx) -> str:
+    """dx of the rows a NaN did not reach, against float64 (the gain's column sums cover the
+    NaN row, NaN in the reference too)."""
+    from verify import gradients
+    from verify import tolerances as tol
+    from verify.references import f64
+
+    expected = gradients.norm_vjp("rms", x, scale, None, f64(g), eps=1e-6)["x"]
+    magnitude = gradients.norm_vjp("rms", x, scale, None, f64(g), eps=1e-6, magnitude=True)["x"]
+    err = float(np.linalg.norm(f64(dx) - expected))
+    bound = tol.grad_tolerance(magnitude, x.dtype, max(x.shape))
+    if not err <= bound:
+        raise AssertionError(f"dx: normwise error {err:.3e} > {bound:.3e}")
+    return f"err/tol {err / bound:.3f}"
+
+
 def _same_order(config: pn.PostNormConfig, reference: pn.PostNormConfig, kind: str) -> bool:
     """Whether two configs combine a row's partials in the same order (so y is bitwise
     equal): the same warpgroup tiles, partials read the same way."""
@@ -685,7 +763,7 @@ def main() -> int:
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
     cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
              + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases()
-             + decode_attention_input_cases())
+             + decode_attention_input_cases() + norm_backward_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]
