@@ -357,3 +357,28 @@ def check_grads_of(op: str, grads: dict, dys: list, *, dy_magnitudes: list | Non
                 raise AssertionError(f"{op} d{name}[{i}]: normwise error {err:.3e} > {bound:.3e}")
             worst = max(worst, err / bound)
     return worst
+
+
+def check_rms_norm_backward(dx, d_scale, *, x, g, scale, eps: float, scale_offset: float = 0.0,
+                            stream=None) -> float:
+    """RMSNorm's backward computed on its own (x and the cotangent g of the normed output in,
+    dx and d scale out: `pallas_kernels.rms_norm_backward`) against the float64 VJP,
+    normwise: the worst err/tol, AssertionError above 1. `d_scale=None` judges dx alone;
+    `stream` is a cotangent added to dx (the residual stream's), added in float64 too."""
+    expected = gradients.norm_vjp("rms", x, scale, None, g, eps=eps, scale_offset=scale_offset)
+    magnitude = gradients.norm_vjp("rms", x, scale, None, g, eps=eps, scale_offset=scale_offset,
+                                   magnitude=True)
+    if stream is not None:
+        expected["x"] = expected["x"] + f64(stream)
+        magnitude["x"] = magnitude["x"] + np.abs(f64(stream))
+    worst = 0.0
+    for name, got in (("x", dx), ("scale", d_scale)):
+        if got is None:
+            continue
+        err = float(np.linalg.norm(f64(np.asarray(got)) - expected[name]))
+        bound = tol.grad_tolerance(magnitude[name], np.asarray(x).dtype, max(np.shape(x)))
+        if not err <= bound:
+            raise AssertionError(f"rms_norm backward d{name}: normwise error {err:.3e} > "
+                                 f"{bound:.3e}")
+        worst = max(worst, err / bound)
+    return worst
