@@ -8,11 +8,12 @@ given G = dL/dy (docs/backward.md, the row rule):
 
 XLA's autodiff of the stock norm runs this as three passes over G and x (the row
 sum, dx, the column sum for the gain), each reading both [M, K] arrays. Here
-each CTA copies its rows of x and G into shared memory once, recomputes r from x
-(as the stock backward does, so nothing is saved per row), takes both row sums
-in one pass over registers, writes dx over its copy of G in place and copies it
-out, and leaves the gain's column sum as one float32 partial per row block
-([M / block_m, K], which XLA sums: a read of 1 / block_m of G's bytes).
+each CTA takes row blocks in turn (the next block's copy into shared memory in
+flight while it works), recomputes r from x (as the stock backward does, so
+nothing is saved per row), takes both row sums in one pass over registers,
+writes dx over its copy of G in place and copies it out, and keeps the gain's
+column sum running in shared memory: one float32 partial per CTA ([CTAs, K],
+about two per SM, which XLA sums).
 
 Rows must fit one CTA (no cluster split): the K of every model preset does.
 """
@@ -36,6 +37,11 @@ __all__ = ["BackwardConfig", "select_backward_config", "rms_norm_backward"]
 
 # x and G tiles, the gain and the column partial staged together (H200: 227 KiB per CTA).
 _MAX_SMEM_BYTES = 200 * 1024
+# Row blocks per CTA: the fewest that let every CTA be resident at once (one wave), each SM
+# holding as many CTAs as its shared memory does (at most 8): fewer CTAs, fewer column
+# partials for XLA to sum, and no tail wave.
+_SMEM_PER_SM_BYTES = 227 * 1024
+_MAX_CTAS_PER_SM = 8
 # The column sum crosses the warps that hold a chunk's rows, through shared memory, one
 # register at a time: Mosaic takes float32 vectors of at most 4 lanes' elements there
 # (16 bytes a store), so x's vectors hold at most 4 elements, and the scratch is 4 warps
@@ -46,22 +52,29 @@ _REDUCTION_SCRATCH_BYTES = 4 * 32 * _MAX_VECTOR_ELEMS * 4
 
 @dataclasses.dataclass(frozen=True)
 class BackwardConfig:
-    """The row-norm layout knobs (`RowNormConfig`, never a cluster) of the backward kernel."""
+    """The row-norm layout knobs (`RowNormConfig`, never a cluster) of the backward kernel,
+    and how many row blocks each CTA takes in turn (`steps`), the next one's copy in flight
+    while it works on one: the gain's column partials are one row per CTA."""
 
     rows: RowNormConfig
+    steps: int = 1
 
     def __post_init__(self) -> None:
         if self.rows.cluster_k != 1:
             raise ValueError("the backward kernel stages whole rows: cluster_k must be 1")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1; got {self.steps}")
 
     def smem_bytes(self, k: int, dtype: jnp.dtype) -> int:
-        tiles = 2 * self.rows.block_m * k * jnp.dtype(dtype).itemsize
+        buffers = 2 if self.steps > 1 else 1
+        tiles = 2 * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
         return tiles + 2 * 4 * k + _REDUCTION_SCRATCH_BYTES
 
 
 def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int) -> BackwardConfig:
     """The forward row norm's rows per CTA (whole rows), with vectors of at most 4 elements,
-    or Unsupported."""
+    and the fewest row blocks per CTA that make the grid one wave; Unsupported where a row
+    does not split or a block of x and G does not fit shared memory."""
     block_m = select_config(m, k, dtype, num_sms=num_sms, max_cluster=1).block_m
     itemsize = jnp.dtype(dtype).itemsize
     widths = [b for b in (16, 8, 4) if b // itemsize <= _MAX_VECTOR_ELEMS]
@@ -73,10 +86,18 @@ def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int) ->
         except Unsupported:
             if vector_bytes == widths[-1]:
                 raise
-    config = BackwardConfig(rows)
+    blocks = m // block_m
+    config = BackwardConfig(rows, 1)
+    for steps in (s for s in range(1, blocks + 1) if blocks % s == 0):
+        candidate = BackwardConfig(rows, steps)
+        smem = candidate.smem_bytes(k, dtype)
+        resident = min(_MAX_CTAS_PER_SM, _SMEM_PER_SM_BYTES // smem) if smem <= _MAX_SMEM_BYTES else 0
+        if blocks // steps <= resident * num_sms:  # one wave: every CTA resident at once
+            config = candidate
+            break
     if config.smem_bytes(k, dtype) > _MAX_SMEM_BYTES:
         raise Unsupported(
-            f"{config.rows.block_m} rows of K={k} {jnp.dtype(dtype).name} (x and its cotangent) "
+            f"{block_m} rows of K={k} {jnp.dtype(dtype).name} (x and its cotangent) "
             f"need {config.smem_bytes(k, dtype)} bytes of shared memory; at most "
             f"{_MAX_SMEM_BYTES} fit one CTA")
     return config
@@ -89,62 +110,97 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
     scale_gmem = refs.pop(0) if has_scale else None
     dx_gmem = refs.pop(0)
     colsum_gmem = refs.pop(0) if has_scale else None
-    x_smem, g_smem, scale_smem, colsum_smem, barrier = refs
-    rows = config.rows
+    x_smem, g_smem, scale_smem, colsum_smem, loaded, vec_loaded = refs
+    rows, steps = config.rows, config.steps
     bm, chunk = rows.block_m, rows.chunk_k
     num_chunks = k // chunk
     layout = row_layout(x_smem.dtype, rows.warps_per_row, rows.vector_bytes)
     col_layout = layout.reduce(0)
-    block = lax.axis_index("m")
+    cta, num_ctas = lax.axis_index("m"), lax.axis_size("m")
     in_bounds = plgpu.OOBFillMode.PROMISE_IN_BOUNDS
+    buffers = x_smem.shape[0]
 
-    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(block * bm, bm)], x_smem, barrier, oob_mode=in_bounds)
-    plgpu.copy_gmem_to_smem(g_gmem.at[pl.ds(block * bm, bm)], g_smem, barrier, oob_mode=in_bounds)
+    def block_rows(step):  # CTA c takes blocks c, c + num_ctas, ...: neighbours stream together
+        return pl.ds((cta + step * num_ctas) * bm, bm)
+
+    def fetch(step, slot) -> None:
+        for src, dst in ((x_gmem, x_smem), (g_gmem, g_smem)):
+            plgpu.copy_gmem_to_smem(src.at[block_rows(step)], dst.at[slot], loaded.at[slot],
+                                    oob_mode=in_bounds)
+
+    fetch(0, 0)
     if has_scale:
-        plgpu.copy_gmem_to_smem(scale_gmem, scale_smem, barrier, oob_mode=in_bounds)
-
-    def load(ref, c) -> jax.Array:
-        return plgpu.load(ref.at[:, pl.ds(c * chunk, chunk)], layout=layout).astype(jnp.float32)
+        plgpu.copy_gmem_to_smem(scale_gmem, scale_smem, vec_loaded, oob_mode=in_bounds)
 
     def rows_of(v: jax.Array) -> jax.Array:
         return plgpu.layout_cast(lax.broadcast_in_dim(v, (bm, chunk), [0]), layout)
 
     def gain(c) -> jax.Array | float:
         if not has_scale:
-            return 1.0 + scale_offset
+            return 1.0  # no gain (or one folded into the weights): the offset goes with it
         # A float32 gain is wider than bf16 x's vectors: the plain (unoptimized) load path.
         wider = scale_smem.dtype.itemsize > x_smem.dtype.itemsize
         value = plgpu.load(scale_smem.at[pl.ds(c * chunk, chunk)], layout=col_layout,
                            optimized=not wider).astype(jnp.float32) + scale_offset
         return plgpu.layout_cast(lax.broadcast_in_dim(value, (bm, chunk), [1]), layout)
 
-    plgpu.barrier_wait(barrier)
-
-    # Both row sums in one pass: sum(x^2) and sum(G gamma x), accumulated
-    # elementwise and reduced once (one shuffle tree per row, not per chunk).
-    def accumulate(c, acc):
-        x, g = load(x_smem, c), load(g_smem, c)
-        return acc[0] + x * x, acc[1] + g * gain(c) * x
-
-    zero = plgpu.layout_cast(jnp.zeros((bm, chunk), jnp.float32), layout)
-    squares, projections = lax.fori_loop(0, num_chunks, accumulate, (zero, zero))
-    r = safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + eps)
-    correction = jnp.sum(projections, axis=1) * r * r * (1.0 / k)
-
-    @pl.loop(0, num_chunks)
-    def _dx(c):
-        x, g = load(x_smem, c), load(g_smem, c)
-        span = pl.ds(c * chunk, chunk)
-        if has_scale:
-            colsum_smem[span] = jnp.sum(g * x * rows_of(r), axis=0)
-        dx = rows_of(r) * (g * gain(c) - rows_of(correction) * x)
-        # In place: each thread overwrites exactly the elements it just read.
-        g_smem[:, span] = dx.astype(g_smem.dtype)
-
-    plgpu.commit_smem()  # the generic-proxy stores, visible to the TMA engine
-    plgpu.copy_smem_to_gmem(g_smem, dx_gmem.at[pl.ds(block * bm, bm)])
     if has_scale:
-        plgpu.copy_smem_to_gmem(colsum_smem, colsum_gmem.at[block])
+        plgpu.barrier_wait(vec_loaded)
+
+        @pl.loop(0, num_chunks)
+        def _zero(c):
+            colsum_smem[pl.ds(c * chunk, chunk)] = plgpu.layout_cast(
+                jnp.zeros((chunk,), jnp.float32), col_layout)
+
+    @pl.loop(0, steps)
+    def _step(step):
+        slot = lax.rem(step, buffers)
+        if steps > 1:
+            @pl.when(step + 1 < steps)
+            def _prefetch():
+                # The other buffer's dx (the last step's) must be read out before it refills.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                fetch(step + 1, 1 - slot)
+
+        x_tile, g_tile = x_smem.at[slot], g_smem.at[slot]
+
+        def load(ref, c) -> jax.Array:
+            return plgpu.load(ref.at[:, pl.ds(c * chunk, chunk)],
+                              layout=layout).astype(jnp.float32)
+
+        plgpu.barrier_wait(loaded.at[slot])
+
+        # Both row sums in one pass: sum(x^2) and sum(G gamma x), accumulated
+        # elementwise and reduced once (one shuffle tree per row, not per chunk).
+        def accumulate(c, acc):
+            x, g = load(x_tile, c), load(g_tile, c)
+            return acc[0] + x * x, acc[1] + g * gain(c) * x
+
+        zero = plgpu.layout_cast(jnp.zeros((bm, chunk), jnp.float32), layout)
+        squares, projections = lax.fori_loop(0, num_chunks, accumulate, (zero, zero))
+        r = safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + eps)
+        correction = jnp.sum(projections, axis=1) * r * r * (1.0 / k)
+
+        @pl.loop(0, num_chunks)
+        def _dx(c):
+            x, g = load(x_tile, c), load(g_tile, c)
+            span = pl.ds(c * chunk, chunk)
+            if has_scale:
+                # Every warp loads the running sum before the column sum's cross-warp
+                # reduction (which synchronizes the warpgroup) and stores the same new
+                # value after it, so no warp reads another's update of this step.
+                before = plgpu.load(colsum_smem.at[span], layout=col_layout)
+                colsum_smem[span] = before + jnp.sum(g * x * rows_of(r), axis=0)
+            dx = rows_of(r) * (g * gain(c) - rows_of(correction) * x)
+            # In place: each thread overwrites exactly the elements it just read.
+            g_tile[:, span] = dx.astype(g_tile.dtype)
+
+        plgpu.commit_smem()  # the generic-proxy stores, visible to the TMA engine
+        plgpu.copy_smem_to_gmem(g_tile, dx_gmem.at[block_rows(step)])
+
+    if has_scale:
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(colsum_smem, colsum_gmem.at[cta])
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # shared memory outlives the copies
 
 
@@ -168,24 +224,28 @@ def rms_norm_backward(
     if m % bm or k % config.rows.chunk_k:
         raise Unsupported(f"{m} x {k} does not split into {bm}-row blocks of "
                           f"{config.rows.chunk_k}-column chunks")
-    num_blocks = m // bm
+    num_ctas = m // bm // config.steps
+    if num_ctas * config.steps * bm != m:
+        raise Unsupported(f"M={m} is not {config.steps} steps of {bm}-row blocks per CTA")
     has_scale = scale is not None
     out_type = [jax.ShapeDtypeStruct((m, k), x.dtype)]
     if has_scale:
-        out_type.append(jax.ShapeDtypeStruct((num_blocks, k), jnp.float32))
+        out_type.append(jax.ShapeDtypeStruct((num_ctas, k), jnp.float32))
+    buffers = 2 if config.steps > 1 else 1
     scratch = (
-        plgpu.SMEM((bm, k), x.dtype),
-        plgpu.SMEM((bm, k), x.dtype),
+        plgpu.SMEM((buffers, bm, k), x.dtype),
+        plgpu.SMEM((buffers, bm, k), x.dtype),
         plgpu.SMEM((k,), scale.dtype) if has_scale else None,
         plgpu.SMEM((k,), jnp.float32) if has_scale else None,
-        plgpu.Barrier(num_arrivals=2 + has_scale),
+        plgpu.Barrier(num_arrivals=2, num_barriers=buffers),
+        plgpu.Barrier(num_arrivals=1) if has_scale else None,
     )
     body = functools.partial(_kernel, has_scale=has_scale, eps=float(eps),
                              scale_offset=float(scale_offset), k=k, config=config)
     call = plgpu.kernel(
         body,
         out_type=tuple(out_type),
-        grid=(num_blocks,),
+        grid=(num_ctas,),
         grid_names=("m",),
         scratch_types=scratch,
         compiler_params=plgpu.CompilerParams(

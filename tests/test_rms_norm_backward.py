@@ -22,6 +22,7 @@ from jaxnorm import dispatch
 from jaxnorm.backends import norm_backward_measured
 from pallas_kernels import hardware
 from pallas_kernels import rms_norm_backward as rb
+from pallas_kernels.row_norm_config import make_config
 from verify.checks import check_rms_norm_backward
 from kernel_checks import assert_race_free
 
@@ -46,7 +47,7 @@ CASES = [
     (16, 512, BF16, F32, 0.0),
     (12, 1152, BF16, BF16, 1.0),
     (8, 2048, F32, F32, 0.5),
-    (6, 320, BF16, None, 0.0),
+    (6, 320, BF16, None, 1.0),  # no gain: the offset does not apply
     (64, 128, BF16, F32, 0.0),
     (5, 1024, F16, F32, 0.0),
 ]
@@ -177,3 +178,30 @@ def test_kernel_lowers_for_cuda(m, k, with_gain):
         lowered = jax.jit(fn).trace(S((m, k), jnp.bfloat16), S((m, k), jnp.bfloat16),
                                     scale).lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("custom_call @mosaic_gpu_v2(") == 1
+
+
+@pytest.mark.parametrize("block_m, steps, with_gain", [(4, 4, True), (2, 3, True), (4, 2, False),
+                                                        (1, 2, True)])
+def test_several_row_blocks_per_cta(rng, block_m, steps, with_gain):
+    """A CTA taking row blocks in turn (the next copy in flight, the gain's column sum running
+    in shared memory) is race-free and matches float64; the H200's selection uses it where
+    one block per CTA would take more than one wave."""
+    m, k = block_m * steps * 3, 512
+    rows = make_config(m, k, jnp.bfloat16, block_m=block_m, cluster_k=1, vector_bytes=8)
+    config = rb.BackwardConfig(rows, steps)
+    x = rng.standard_normal((m, k)).astype(BF16)
+    g = rng.standard_normal((m, k)).astype(BF16)
+    scale = rng.standard_normal(k).astype(F32) if with_gain else None
+    dx, d_scale = rb.rms_norm_backward(jnp.asarray(x), jnp.asarray(g),
+                                       None if scale is None else jnp.asarray(scale), eps=1e-6,
+                                       scale_offset=0.5, config=config, interpret=True)
+    assert _judge(x, g, scale, 0.5, 1e-6, dx, d_scale) <= 1.0
+    assert_race_free()
+
+
+def test_selection_makes_one_wave_of_few_ctas():
+    """Llama-3.2-1B's training norm on the H200: 1024 blocks of 4 rows in 256 CTAs of 4 blocks
+    (two resident per SM), so XLA sums 256 column partials, not 1024."""
+    config = rb.select_backward_config(4096, 2048, jnp.bfloat16, num_sms=hardware.H200_SMS)
+    assert (config.rows.block_m, config.steps) == (4, 4)
+    assert config.smem_bytes(2048, jnp.bfloat16) <= 227 * 1024 // 2
