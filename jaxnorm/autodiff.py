@@ -204,7 +204,8 @@ def _rms_backward_kernel(s: _Static, x: Array, scale: Array | None,
                                     eps=s.eps, scale_offset=s.scale_offset)
     except dispatch.Unsupported:
         return None
-    return dx, None if d_scale is None else d_scale.astype(s.dtypes[1])
+    d_scale = None if d_scale is None else d_scale.astype(s.dtypes[1])
+    return sharding.vary_like((dx, d_scale), x, scale)  # a Pallas call's types, in shard_map
 
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,

@@ -187,14 +187,12 @@ def automatic_scope(automatic: bool) -> Iterator[None]:
         _AUTOMATIC.reset(token)
 
 
-def norm_backward(x: Any, scale: Any, *, eps: float, scale_offset: float) -> str:
-    """How the xla formulation differentiates its RMSNorm of x: "xla" (JAX's autodiff, the
-    stock graph) or "mosaic" (one backward kernel), the kernel only inside an impl=None op
-    where automatic dispatch takes it for x's shape (its reason otherwise recorded under
-    "rms_norm_backward" in `fallback_reasons()`)."""
-    if not _AUTOMATIC.get():
-        return "xla"
-    return resolve("rms_norm_backward", None, x, x, scale, eps=eps, scale_offset=scale_offset)
+def automatic_backward_possible() -> bool:
+    """Whether an xla formulation being traced may have its RMSNorm differentiated by the
+    backward kernel: inside a public op called with impl=None (`automatic_scope`), planned
+    for a Hopper GPU. The choice itself ("rms_norm_backward", made like any other op's
+    under impl=None) waits for the backward, so inference never makes it."""
+    return _AUTOMATIC.get() and hopper_or_newer()
 
 
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:

@@ -108,15 +108,25 @@ def test_explicit_impl_backward_runs_the_kernel(rng, monkeypatch):
     assert _judge(x, g, scale, 1.0, 1e-6, dx, d_scale) <= 1.0
 
 
-def test_automatic_dispatch_declines_the_unmeasured_kernel():
-    """No GPU measurement yet: impl=None keeps JAX's autodiff of the norm and says why."""
+def test_automatic_dispatch_declines_the_unmeasured_kernel_and_inference_never_asks():
+    """No GPU measurement yet: a training step planned for the H200 keeps JAX's autodiff of
+    the norm and records why; the forward alone (inference) makes no backward decision."""
     assert norm_backward_measured.ENTRIES == ()
-    x = jnp.ones((4096, 2048), jnp.bfloat16)
-    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
-        with dispatch.automatic_scope(True):
-            assert dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0) == "xla"
-    assert "no measured shape" in jaxnorm.fallback_reasons()[OP]
-    assert dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0) == "xla"  # no scope
+    S = jax.ShapeDtypeStruct
+    x, scale = S((4096, 2048), jnp.bfloat16), S((2048,), jnp.float32)
+
+    def loss(x, scale):
+        return jnp.sum(jaxnorm.rms_norm(x, scale).astype(jnp.float32))
+
+    with dispatch.recorded_choices() as made:
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            jax.jit(loss).trace(x, scale).lower(lowering_platforms=("cuda",))
+    assert OP not in made
+    with dispatch.recorded_choices() as made:
+        text = _grad_lowered_for_h200(loss, x, scale)
+    [(impl, reason)] = made[OP]
+    assert impl == "xla" and "no measured shape within 2x of 4096x2048" in reason
+    assert "custom_call @mosaic_gpu_v2(" not in text
 
 
 def _grad_lowered_for_h200(fn, *avals) -> str:

@@ -42,8 +42,9 @@ def test_norm_backward_kernel_variant_takes_the_kernel_only_while_tracing():
     x = jnp.ones((4096, 2048), jnp.bfloat16)
 
     def choice() -> str:
-        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()), dispatch.automatic_scope(True):
-            return dispatch.norm_backward(x, None, eps=1e-6, scale_offset=0.0)
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            return dispatch.resolve("rms_norm_backward", None, x, x, None, eps=1e-6,
+                                    scale_offset=0.0)
 
     seen = []
     variant_probe.traced_with(lambda: seen.append(choice()),

@@ -65,32 +65,33 @@ def _stock_rms_norm(x: Array, scale: Array | None, eps: float, scale_offset: flo
 
 
 def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
-    """RMSNorm(x) in x's dtype as stock Flax computes it. Inside an impl=None op where
-    automatic dispatch takes RMSNorm's backward kernel (`dispatch.norm_backward`) its VJP is
-    that kernel; everywhere else JAX differentiates this graph, as it does stock's."""
-    backward = dispatch.norm_backward(x, scale, eps=eps, scale_offset=scale_offset)
-    if backward == "xla":
+    """RMSNorm(x) in x's dtype as stock Flax computes it. Inside an impl=None op planned for
+    a Hopper GPU (`dispatch.automatic_scope`) its VJP asks automatic dispatch, when a
+    training step differentiates it, whether RMSNorm's backward kernel takes it
+    (`_rms_norm_vjp_chosen`); everywhere else JAX differentiates this graph, as it does
+    stock's, and inference never asks."""
+    if not dispatch.automatic_backward_possible():
         return _stock_rms_norm(x, scale, eps, scale_offset)
-    return _rms_norm_kernel_vjp(backward, float(eps), float(scale_offset), x, scale)
+    return _rms_norm_vjp_chosen(float(eps), float(scale_offset), x, scale)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _rms_norm_kernel_vjp(backward: str, eps: float, scale_offset: float, x: Array,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _rms_norm_vjp_chosen(eps: float, scale_offset: float, x: Array,
                          scale: Array | None) -> Array:
     return _stock_rms_norm(x, scale, eps, scale_offset)
 
 
-def _rms_norm_kernel_vjp_fwd(backward, eps, scale_offset, x, scale):
+def _rms_norm_vjp_chosen_fwd(eps, scale_offset, x, scale):
     return _stock_rms_norm(x, scale, eps, scale_offset), (x, scale)
 
 
-def _rms_norm_kernel_vjp_bwd(backward, eps, scale_offset, saved, dy):
+def _rms_norm_vjp_chosen_bwd(eps, scale_offset, saved, dy):
     x, scale = saved
-    return dispatch.call("rms_norm_backward", backward, x, dy.astype(x.dtype), scale, eps=eps,
+    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale, eps=eps,
                          scale_offset=scale_offset)
 
 
-_rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
+_rms_norm_vjp_chosen.defvjp(_rms_norm_vjp_chosen_fwd, _rms_norm_vjp_chosen_bwd)
 
 
 @register("rms_norm_backward", "xla")
