@@ -82,13 +82,21 @@ def _rms_norm_vjp_chosen(eps: float, scale_offset: float, x: Array,
 
 
 def _rms_norm_vjp_chosen_fwd(eps, scale_offset, x, scale):
-    return _stock_rms_norm(x, scale, eps, scale_offset), (x, scale)
+    # JAX's VJP of the stock graph as saved state: where the kernel is declined the backward
+    # is exactly stock's (what it would have saved and recomputed), and where it is taken
+    # those residuals go unused and XLA drops them.
+    y, stock_vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset),
+                           x, scale)
+    return y, (x, scale, stock_vjp)
 
 
 def _rms_norm_vjp_chosen_bwd(eps, scale_offset, saved, dy):
-    x, scale = saved
-    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale, eps=eps,
-                         scale_offset=scale_offset)
+    x, scale, stock_vjp = saved
+    kwargs = dict(eps=eps, scale_offset=scale_offset)
+    chosen = dispatch.resolve("rms_norm_backward", None, x, x, scale, **kwargs)
+    if chosen == "xla":
+        return stock_vjp(dy)
+    return dispatch.call("rms_norm_backward", chosen, x, dy.astype(x.dtype), scale, **kwargs)
 
 
 _rms_norm_vjp_chosen.defvjp(_rms_norm_vjp_chosen_fwd, _rms_norm_vjp_chosen_bwd)
