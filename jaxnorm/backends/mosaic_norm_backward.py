@@ -20,7 +20,7 @@ from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import hardware, rms_norm_backward as kernel
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.padding import pad_rows, round_up
+from pallas_kernels.padding import config_for_rows, pad_rows
 
 Array = jax.Array
 OP = "rms_norm_backward"
@@ -44,17 +44,9 @@ def rms_norm_backward(x: Array, g: Array, scale: Array | None, *, eps: float,
         raise Unsupported("x has no rows")
     if g.dtype != x.dtype:
         raise Unsupported(f"the cotangent's dtype {g.dtype} is not x's {x.dtype}")
-    try:
-        config = _config(m, k, x.dtype, interpret)
-        padded_m = m
-    except Unsupported as reason:
-        padded_m = round_up(m, 4)  # narrow rows take blocks of 4 rows (one warp per row)
-        if padded_m == m:
-            raise
-        try:
-            config = _config(padded_m, k, x.dtype, interpret)
-        except Unsupported:
-            raise reason from None
+    # Narrow rows take blocks of 4 rows (one warp per row), as the forward's.
+    config, padded_m = config_for_rows(
+        m, lambda rows: _config(rows, k, x.dtype, interpret), 4)
     x, g = pad_rows(x, padded_m), pad_rows(g, padded_m)
     if not interpret:
         x = on_gpu_only(x, OP)

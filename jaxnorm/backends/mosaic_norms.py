@@ -21,7 +21,7 @@ from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import decode_matmul, hardware, post_norm_matmul, row_norm
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.padding import pad_rows, round_up
+from pallas_kernels.padding import config_for_rows, pad_rows, round_up
 
 Array = jax.Array
 
@@ -67,18 +67,9 @@ def _run_row_norm(
     if m == 0:
         raise Unsupported("x has no rows")
     op = "rms_norm" if kind == "rms" else "layer_norm"
-    try:
-        config = _row_norm_config(m, k, x.dtype, interpret)
-    except Unsupported as reason:
-        padded_m = round_up(m, _ROW_PAD)
-        if padded_m == m:
-            raise
-        try:
-            config = _row_norm_config(padded_m, k, x.dtype, interpret)
-        except Unsupported:
-            raise reason from None
-        x = pad_rows(x, padded_m)
-    x = _gpu_input(x, op, interpret)
+    config, padded_m = config_for_rows(
+        m, lambda rows: _row_norm_config(rows, k, x.dtype, interpret), _ROW_PAD)
+    x = _gpu_input(pad_rows(x, padded_m), op, interpret)
     y = row_norm.row_norm(
         x, scale, bias, kind=kind, eps=eps, scale_offset=scale_offset, config=config,
         interpret=interpret,
