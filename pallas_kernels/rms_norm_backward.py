@@ -13,7 +13,7 @@ flight while it works), recomputes r from x (as the stock backward does, so
 nothing is saved per row), takes both row sums in one pass over registers,
 writes dx over its copy of G in place and copies it out, and keeps the gain's
 column sum running in shared memory: one float32 partial per CTA ([CTAs, K],
-about two per SM, which XLA sums).
+a few per SM, which XLA sums).
 
 Rows must fit one CTA (no cluster split): the K of every model preset does.
 """
@@ -43,9 +43,9 @@ _MAX_SMEM_BYTES = 200 * 1024
 _SMEM_PER_SM_BYTES = 227 * 1024
 _MAX_CTAS_PER_SM = 8
 # The column sum crosses the warps that hold a chunk's rows, through shared memory, one
-# register at a time: Mosaic takes float32 vectors of at most 4 lanes' elements there
-# (16 bytes a store), so x's vectors hold at most 4 elements, and the scratch is 4 warps
-# x 32 lanes x 4 float32 (the Pallas default).
+# register at a time: Mosaic takes float32 vectors of at most 4 elements there (16 bytes a
+# store), so x's vectors hold at most 4 elements (8-byte loads of bf16, where the forward
+# uses 16), and the scratch is 4 warps x 32 lanes x 4 float32 (the Pallas default).
 _MAX_VECTOR_ELEMS = 4
 _REDUCTION_SCRATCH_BYTES = 4 * 32 * _MAX_VECTOR_ELEMS * 4
 
