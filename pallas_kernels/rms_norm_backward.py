@@ -58,6 +58,7 @@ class BackwardConfig:
 
     rows: RowNormConfig
     steps: int = 1
+    addend: bool = False  # a third [M, K] input added to dx (the residual stream's cotangent)
 
     def __post_init__(self) -> None:
         if self.rows.cluster_k != 1:
@@ -67,11 +68,12 @@ class BackwardConfig:
 
     def smem_bytes(self, k: int, dtype: jnp.dtype) -> int:
         buffers = 2 if self.steps > 1 else 1
-        tiles = 2 * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
+        tiles = (2 + self.addend) * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
         return tiles + 2 * 4 * k + _REDUCTION_SCRATCH_BYTES
 
 
-def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int) -> BackwardConfig:
+def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
+                           addend: bool = False) -> BackwardConfig:
     """The forward row norm's rows per CTA (whole rows), with vectors of at most 4 elements,
     and the fewest row blocks per CTA that make the grid one wave; Unsupported where a row
     does not split or a block of x and G does not fit shared memory."""
@@ -87,9 +89,9 @@ def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int) ->
             if vector_bytes == widths[-1]:
                 raise
     blocks = m // block_m
-    config = BackwardConfig(rows, 1)
+    config = BackwardConfig(rows, 1, addend)
     for steps in (s for s in range(1, blocks + 1) if blocks % s == 0):
-        candidate = BackwardConfig(rows, steps)
+        candidate = BackwardConfig(rows, steps, addend)
         smem = candidate.smem_bytes(k, dtype)
         resident = min(_MAX_CTAS_PER_SM, _SMEM_PER_SM_BYTES // smem) if smem <= _MAX_SMEM_BYTES else 0
         if blocks // steps <= resident * num_sms:  # one wave: every CTA resident at once
@@ -107,10 +109,11 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
             config: BackwardConfig):
     refs = list(refs)
     x_gmem, g_gmem = refs.pop(0), refs.pop(0)
+    addend_gmem = refs.pop(0) if config.addend else None
     scale_gmem = refs.pop(0) if has_scale else None
     dx_gmem = refs.pop(0)
     colsum_gmem = refs.pop(0) if has_scale else None
-    x_smem, g_smem, scale_smem, colsum_smem, loaded, vec_loaded = refs
+    x_smem, g_smem, addend_smem, scale_smem, colsum_smem, loaded, vec_loaded = refs
     rows, steps = config.rows, config.steps
     bm, chunk = rows.block_m, rows.chunk_k
     num_chunks = k // chunk
@@ -124,7 +127,8 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
         return pl.ds((cta + step * num_ctas) * bm, bm)
 
     def fetch(step, slot) -> None:
-        for src, dst in ((x_gmem, x_smem), (g_gmem, g_smem)):
+        pairs = ((x_gmem, x_smem), (g_gmem, g_smem), (addend_gmem, addend_smem))
+        for src, dst in pairs[:2 + config.addend]:
             plgpu.copy_gmem_to_smem(src.at[block_rows(step)], dst.at[slot], loaded.at[slot],
                                     oob_mode=in_bounds)
 
@@ -192,6 +196,8 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
                 before = plgpu.load(colsum_smem.at[span], layout=col_layout)
                 colsum_smem[span] = before + jnp.sum(g * x * rows_of(r), axis=0)
             dx = rows_of(r) * (g * gain(c) - rows_of(correction) * x)
+            if config.addend:
+                dx = dx + load(addend_smem.at[slot], c)
             # In place: each thread overwrites exactly the elements it just read.
             g_tile[:, span] = dx.astype(g_tile.dtype)
 
@@ -208,6 +214,7 @@ def rms_norm_backward(
     x: jax.Array,
     g: jax.Array,
     scale: jax.Array | None,
+    addend: jax.Array | None = None,
     *,
     eps: float,
     scale_offset: float,
@@ -215,10 +222,15 @@ def rms_norm_backward(
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """(dx in x.dtype, d scale in float32 or None) of y = RMSNorm(x) (scale + offset) for the
-    cotangent g of y; x and g are [M, K] with M a multiple of the config's block_m."""
-    if x.ndim != 2 or g.shape != x.shape or g.dtype != x.dtype:
-        raise ValueError(f"x and g must be [M, K] of one dtype; got {x.shape} {x.dtype} and "
-                         f"{g.shape} {g.dtype}")
+    cotangent g of y, with `addend` (x's other cotangent, as the config says) added to dx
+    before its rounding; x, g and addend are [M, K] of one dtype, M whole row blocks."""
+    if x.ndim != 2 or any(a is not None and (a.shape, a.dtype) != (x.shape, x.dtype)
+                          for a in (g, addend)):
+        raise ValueError(f"x, g (and addend) must be [M, K] of one dtype; got "
+                         f"{[(a.shape, a.dtype) for a in (x, g, addend) if a is not None]}")
+    if config.addend != (addend is not None):
+        raise ValueError(f"config.addend={config.addend} but addend is "
+                         f"{'given' if addend is not None else 'None'}")
     m, k = x.shape
     bm = config.rows.block_m
     if m % bm or k % config.rows.chunk_k:
@@ -235,9 +247,10 @@ def rms_norm_backward(
     scratch = (
         plgpu.SMEM((buffers, bm, k), x.dtype),
         plgpu.SMEM((buffers, bm, k), x.dtype),
+        plgpu.SMEM((buffers, bm, k), x.dtype) if config.addend else None,
         plgpu.SMEM((k,), scale.dtype) if has_scale else None,
         plgpu.SMEM((k,), jnp.float32) if has_scale else None,
-        plgpu.Barrier(num_arrivals=2, num_barriers=buffers),
+        plgpu.Barrier(num_arrivals=2 + config.addend, num_barriers=buffers),
         plgpu.Barrier(num_arrivals=1) if has_scale else None,
     )
     body = functools.partial(_kernel, has_scale=has_scale, eps=float(eps),
@@ -253,7 +266,8 @@ def rms_norm_backward(
             reduction_scratch_bytes=_REDUCTION_SCRATCH_BYTES),
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
     )
+    args = [a for a in (x, g, addend, scale) if a is not None]
     if not has_scale:
-        return call(x, g)[0], None
-    dx, colsum = call(x, g, scale)
+        return call(*args)[0], None
+    dx, colsum = call(*args)
     return dx, jnp.sum(colsum, axis=0)

@@ -11,6 +11,9 @@ def test_smoke_run_checks_both_variants(tmp_path):
     doc = json.loads((tmp_path / "norm-backward.json").read_text())
     assert [(row["gain"], row["stream"]) for row in doc["rows"]] == [(True, True), (False, False)]
     for row in doc["rows"]:
+        labels = [e["label"] for e in row["variants"]]
+        assert labels == ["kernel", "stock"] + (["kernel, stream added in it"]
+                                                if row["stream"] else [])
         for entry in row["variants"]:
             assert entry["correct"] and entry["err_tol"] <= 1.0, entry
     assert (tmp_path / "norm-backward.md").read_text().count("16x256") == 2

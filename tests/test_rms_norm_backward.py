@@ -215,3 +215,28 @@ def test_selection_makes_one_wave_of_few_ctas():
     config = rb.select_backward_config(4096, 2048, jnp.bfloat16, num_sms=hardware.H200_SMS)
     assert (config.rows.block_m, config.steps) == (4, 4)
     assert config.smem_bytes(2048, jnp.bfloat16) <= 227 * 1024 // 2
+
+
+@pytest.mark.parametrize("m, k, with_gain", [(16, 512, True), (6, 320, False)])
+def test_addend_is_added_to_dx(rng, m, k, with_gain):
+    """x's other cotangent (the residual stream's) added in the kernel, before dx rounds."""
+    x, g, stream = (rng.standard_normal((m, k)).astype(BF16) for _ in range(3))
+    scale = rng.standard_normal(k).astype(F32) if with_gain else None
+    dx, d_scale = dispatch.call(OP, "interpret", jnp.asarray(x), jnp.asarray(g),
+                                None if scale is None else jnp.asarray(scale), jnp.asarray(stream),
+                                eps=1e-6, scale_offset=0.0)
+    assert check_rms_norm_backward(dx, d_scale, x=x, g=g, scale=scale, eps=1e-6,
+                                   stream=stream) <= 1.0
+    assert_race_free()
+
+
+def test_addend_lowers_at_a_training_shape():
+    S = jax.ShapeDtypeStruct
+    config = rb.select_backward_config(4096, 2048, jnp.bfloat16, num_sms=hardware.H200_SMS,
+                                       addend=True)
+    fn = functools.partial(rb.rms_norm_backward, eps=1e-6, scale_offset=0.0, config=config)
+    a = S((4096, 2048), jnp.bfloat16)
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        lowered = jax.jit(fn).trace(a, a, S((2048,), jnp.float32), a).lower(
+            lowering_platforms=("cuda",))
+    assert lowered.as_text().count("custom_call @mosaic_gpu_v2(") == 1

@@ -1,7 +1,7 @@
 """Mosaic GPU backend of RMSNorm's backward (`pallas_kernels.rms_norm_backward`).
 
-The op "rms_norm_backward" maps (x, the cotangent of RMSNorm(x) in x's dtype, scale) to
-(dx, d scale). Its xla implementation is JAX's VJP of the stock norm
+The op "rms_norm_backward" maps (x, the cotangent of RMSNorm(x) in x's dtype, scale, and
+optionally x's other cotangent to add) to (dx, d scale). Its xla implementation is JAX's VJP of the stock norm
 (`jaxnorm.backends.xla.rms_norm_vjp`); this one pads rows to whole blocks (zero rows:
 zero gradients, dropped), runs the kernel compiled for the GPU or, with `interpret=True`,
 under the Pallas GPU interpreter with race detection. Under automatic dispatch a training
@@ -31,32 +31,37 @@ OP = "rms_norm_backward"
 MAX_RATIO = 0.95
 
 
-def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool) -> kernel.BackwardConfig:
+def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool,
+            addend: bool) -> kernel.BackwardConfig:
     sms = hardware.H200_SMS if interpret else hardware.num_sms()
-    return kernel.select_backward_config(m, k, dtype, num_sms=sms)
+    return kernel.select_backward_config(m, k, dtype, num_sms=sms, addend=addend)
 
 
 @register(OP, "mosaic")
-def rms_norm_backward(x: Array, g: Array, scale: Array | None, *, eps: float,
-                      scale_offset: float, interpret: bool) -> tuple[Array, Array | None]:
+def rms_norm_backward(x: Array, g: Array, scale: Array | None, addend: Array | None = None, *,
+                      eps: float, scale_offset: float,
+                      interpret: bool) -> tuple[Array, Array | None]:
     m, k = x.shape
     if m == 0:
         raise Unsupported("x has no rows")
-    if g.dtype != x.dtype:
-        raise Unsupported(f"the cotangent's dtype {g.dtype} is not x's {x.dtype}")
+    if any(a is not None and a.dtype != x.dtype for a in (g, addend)):
+        raise Unsupported(f"the cotangents' dtypes are not x's {x.dtype}")
     # Narrow rows take blocks of 4 rows (one warp per row), as the forward's.
     config, padded_m = config_for_rows(
-        m, lambda rows: _config(rows, k, x.dtype, interpret), 4)
+        m, lambda rows: _config(rows, k, x.dtype, interpret, addend is not None), 4)
     x, g = pad_rows(x, padded_m), pad_rows(g, padded_m)
+    addend = None if addend is None else pad_rows(addend, padded_m)
     if not interpret:
         x = on_gpu_only(x, OP)
-    dx, d_scale = kernel.rms_norm_backward(x, g, scale, eps=eps, scale_offset=scale_offset,
-                                           config=config, interpret=interpret)
+    dx, d_scale = kernel.rms_norm_backward(x, g, scale, addend, eps=eps,
+                                           scale_offset=scale_offset, config=config,
+                                           interpret=interpret)
     return dx[:m], None if d_scale is None else d_scale.astype(scale.dtype)
 
 
 @decline_automatic(OP)
-def _not_measured_faster(x: Array, g: Array, scale: Array | None, **kwargs) -> str | None:
+def _not_measured_faster(x: Array, g: Array, scale: Array | None, addend: Array | None = None,
+                         **kwargs) -> str | None:
     (m, k), dtype, gain = x.shape, jnp.dtype(x.dtype).name, scale is not None
     entry = nearest_measured(measured.PROVENANCE, (m, k), (
         (shape, (shape, ratio)) for shape, name, has_gain, ratio in measured.ENTRIES

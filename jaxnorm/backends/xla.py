@@ -103,11 +103,13 @@ _rms_norm_vjp_chosen.defvjp(_rms_norm_vjp_chosen_fwd, _rms_norm_vjp_chosen_bwd)
 
 
 @register("rms_norm_backward", "xla")
-def rms_norm_vjp(x: Array, g: Array, scale: Array | None, *, eps: float,
-                 scale_offset: float) -> tuple[Array, Array | None]:
-    """(dx, d scale) of RMSNorm(x) for its cotangent g: JAX's VJP of the stock graph."""
+def rms_norm_vjp(x: Array, g: Array, scale: Array | None, addend: Array | None = None, *,
+                 eps: float, scale_offset: float) -> tuple[Array, Array | None]:
+    """(dx [+ addend], d scale) of RMSNorm(x) for its cotangent g: JAX's VJP of the stock
+    graph (the addend, x's other cotangent, added as JAX adds cotangents)."""
     _, vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset), x, scale)
-    return vjp(g)
+    dx, d_scale = vjp(g)
+    return (dx if addend is None else dx + addend), d_scale
 
 
 @register("rms_norm", "xla")
