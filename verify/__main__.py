@@ -108,6 +108,8 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
             arrays(r, 3, 12), float(r.uniform(0.01, 100.0)), arrays(r, 12, 7))),
         run("QK-norm scores", lambda r: identities.qk_norm_scores(
             arrays(r, 5, 16), arrays(r, 6, 16), arrays(r, 16), arrays(r, 16), 1e-6)),
+        run("RMSNorm backward in one pass", lambda r: identities.rms_backward_one_pass(
+            arrays(r, 6, 24), arrays(r, 24), arrays(r, 6, 24), 1e-6, 4)),
         run("RoPE keeps the row scale", lambda r: identities.rope_norm(
             arrays(r, 5, 16), r.uniform(0.0, 4096.0, 5), arrays(r, 16), 1e-6)),
         run("RoPE keeps head norms", lambda r: rope.rope_keeps_head_norms(
