@@ -131,6 +131,26 @@ def automatic_choice(op: str, shape: Shape, dtype: jnp.dtype,
     return dispatch.last_automatic_choice(op)
 
 
+BACKWARD = "rms_norm_backward"
+
+
+def automatic_backward_choice(shape: Shape, dtype: jnp.dtype) -> tuple[str, str | None]:
+    """(implementation, why xla or None) a training step picks for the backward of an
+    RMSNorm of `shape`'s rows: decided when the backward is traced (`jax.eval_shape` of a
+    gradient here); where the kernels cannot run it is never asked (JAX's autodiff)."""
+    spec = jax.ShapeDtypeStruct
+
+    def loss(x, scale):
+        return jnp.sum(jaxnorm.rms_norm(x, scale).astype(jnp.float32))
+
+    with dispatch.recorded_choices() as made:
+        jax.eval_shape(jax.grad(loss, argnums=(0, 1)), spec((shape.m, shape.k), dtype),
+                       spec((shape.k,), jnp.float32))
+    if BACKWARD in made:
+        return made[BACKWARD][-1]
+    return "xla", dispatch.device_unsupported_reason() or "no Hopper GPU"
+
+
 def _kernel_inputs(op: str, dtype: jnp.dtype, rng: np.random.Generator) -> dict:
     """Fresh random inputs for one small call the kernels serve (K, N multiples of 128)."""
     m, k, n = 128, 256, 256
@@ -194,12 +214,17 @@ def report(shapes: tuple[Shape, ...], dtype: jnp.dtype, residual: bool,
                 lines.append(f"    {op:<17} n/a: takes one kernel, the shape names several")
                 continue
             impl, reason = choice
-            if reason is not None and reason == unsupported:
-                reason = "this device cannot run the kernels (above)"
-            lines.append(textwrap.fill(f"{op:<17} {impl:<6} {reason or 'the kernel serves it'}",
-                                       width=100, initial_indent="    ",
-                                       subsequent_indent=" " * 29))
+            lines.append(_decision_line(op, impl, reason, unsupported))
+        impl, reason = automatic_backward_choice(shape, dtype)
+        lines.append(_decision_line("rms_norm backward", impl, reason, unsupported))
     return "\n".join(lines), healthy
+
+
+def _decision_line(what: str, impl: str, reason: str | None, unsupported: str | None) -> str:
+    if reason is not None and reason == unsupported:
+        reason = "this device cannot run the kernels (above)"
+    return textwrap.fill(f"{what:<17} {impl:<6} {reason or 'the kernel serves it'}", width=100,
+                         initial_indent="    ", subsequent_indent=" " * 29)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,6 +142,9 @@ def test_doctor_prints_versions_devices_and_a_decision_per_op(capsys):
             assert line, (shape, op)
             several = "+" in shape and op.startswith("dense_")
             assert line.group(1).startswith("n/a" if several else "xla"), (shape, op, line)
+        backward = re.search(r"^\s+rms_norm backward\s+xla\s+this device cannot run", block,
+                             re.M)
+        assert backward, (shape, block)
 
 
 def test_doctor_reports_what_dispatch_decides(monkeypatch):
@@ -167,6 +170,9 @@ def test_doctor_reports_what_dispatch_decides(monkeypatch):
         run()
         assert (impl, reason) == dispatch.last_automatic_choice(op)
         assert impl == "xla" and "measured" in reason, (op, reason)  # 16 rows: declined
+    # A training step's norm backward: no GPU measurement in the table yet.
+    impl, reason = doctor.automatic_backward_choice(shape, jnp.bfloat16)
+    assert impl == "xla" and "no measured shape within 2x of 16x256" in reason, reason
 
 
 def test_doctor_kernel_check_judges_each_op_under_the_interpreter():
