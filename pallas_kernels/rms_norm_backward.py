@@ -6,8 +6,9 @@ given G = dL/dy (docs/backward.md, the row rule):
     dx     = r (G gamma - (r^2 / K) rowsum(G gamma x) x)
     dscale = colsum(G x r)
 
-XLA's autodiff of the stock norm runs this as three passes over G and x (the row
-sum, dx, the column sum for the gain), each reading both [M, K] arrays. Here
+JAX's autodiff of the stock norm gives XLA a row sum, dx and the gain's column sum
+to form: a row reduction and a column reduction cannot share a fusion, so G and x
+are read once for each. Here
 each CTA takes row blocks in turn (the next block's copy into shared memory in
 flight while it works), recomputes r from x (as the stock backward does, so
 nothing is saved per row), takes both row sums in one pass over registers,
