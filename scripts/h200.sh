@@ -20,8 +20,7 @@
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
-#   VARIANTS='stock,jaxnorm,norm backward kernel,norm-free' MODEL=llama3.2-1b PHASE=train \
-#     bash scripts/h200.sh variant-probe      # a training step with it, interleaved
+#   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -116,6 +115,12 @@ for name in "$@"; do
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \
         bench/gpu/variant_probe.py --model "${MODEL:-qwen3-0.6b}" --phase "${PHASE:-train}" \
         ${VARIANTS:+--variants "$VARIANTS"} ${DETAIL:+--detail} --out "$WORK/probe" ;;
+    backward-probes)  # training steps with RMSNorm's backward kernel, the 1B-class presets
+      for model in ${MODELS:-qwen3-0.6b llama3.2-1b gemma3-1b}; do
+        stage "backward_probe_$model" "${PROBE_LIMIT:-200}" python3 bench/gpu/variant_probe.py \
+          --model "$model" --phase train --rounds "${ROUNDS:-2}" \
+          --variants "stock,jaxnorm,norm backward kernel,norm-free" --out "$WORK/probe"
+      done ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;
     *) echo "unknown stage $name" ;;
