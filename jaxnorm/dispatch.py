@@ -159,9 +159,19 @@ def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
     """
     if impl is not None:
         return impl
+    chosen, reason = decide(op, *args, **kwargs)
+    if reason is None:
+        _chose(op, (chosen, None))
+    else:
+        _fell_back(op, reason)
+    return chosen
+
+
+def decide(op: str, *args: Any, **kwargs: Any) -> tuple[str, str | None]:
+    """(what impl=None picks for these arguments, why xla or None), recording nothing: the
+    decision `resolve` makes and records."""
     if not hopper_or_newer():
-        _fell_back(op, device_unsupported_reason() or "no Hopper GPU")
-        return "xla"
+        return "xla", device_unsupported_reason() or "no Hopper GPU"
     try:
         kernel = _mosaic(op)
         declined = _DECLINE_AUTO.get(op, lambda *a, **k: None)(*args, **kwargs)
@@ -169,10 +179,8 @@ def resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> str:
             raise Unsupported(declined)
         jax.eval_shape(functools.partial(kernel, interpret=False, **kwargs), *args)
     except Unsupported as reason:
-        _fell_back(op, str(reason))
-        return "xla"
-    _chose(op, ("mosaic", None))
-    return "mosaic"
+        return "xla", str(reason)
+    return "mosaic", None
 
 
 @contextlib.contextmanager
@@ -187,12 +195,15 @@ def automatic_scope(automatic: bool) -> Iterator[None]:
         _AUTOMATIC.reset(token)
 
 
-def automatic_backward_possible() -> bool:
-    """Whether an xla formulation being traced may have its RMSNorm differentiated by the
-    backward kernel: inside a public op called with impl=None (`automatic_scope`), planned
-    for a Hopper GPU. The choice itself ("rms_norm_backward", made like any other op's
-    under impl=None) waits for the backward, so inference never makes it."""
-    return _AUTOMATIC.get() and hopper_or_newer()
+def norm_backward_kernel(x: Any, scale: Any, *, eps: float, scale_offset: float) -> bool:
+    """Whether RMSNorm's backward kernel differentiates the xla formulation's norm of x being
+    traced: inside a public op called with impl=None (`automatic_scope`), where automatic
+    dispatch takes "rms_norm_backward" for x's rows. Decided without recording (inference
+    makes the same trace); a training step's backward records it when it runs the kernel.
+    Elsewhere the norm stays the stock graph, forward-mode autodiff included."""
+    if not _AUTOMATIC.get():
+        return False
+    return decide("rms_norm_backward", x, x, scale, eps=eps, scale_offset=scale_offset)[0] != "xla"
 
 
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:

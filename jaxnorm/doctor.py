@@ -136,19 +136,10 @@ BACKWARD = "rms_norm_backward"
 
 def automatic_backward_choice(shape: Shape, dtype: jnp.dtype) -> tuple[str, str | None]:
     """(implementation, why xla or None) a training step picks for the backward of an
-    RMSNorm of `shape`'s rows: decided when the backward is traced (`jax.eval_shape` of a
-    gradient here); where the kernels cannot run it is never asked (JAX's autodiff)."""
-    spec = jax.ShapeDtypeStruct
-
-    def loss(x, scale):
-        return jnp.sum(jaxnorm.rms_norm(x, scale).astype(jnp.float32))
-
-    with dispatch.recorded_choices() as made:
-        jax.eval_shape(jax.grad(loss, argnums=(0, 1)), spec((shape.m, shape.k), dtype),
-                       spec((shape.k,), jnp.float32))
-    if BACKWARD in made:
-        return made[BACKWARD][-1]
-    return "xla", dispatch.device_unsupported_reason() or "no Hopper GPU"
+    RMSNorm of `shape`'s rows (`dispatch.decide`, recording nothing)."""
+    x = jax.ShapeDtypeStruct((shape.m, shape.k), dtype)
+    return dispatch.decide(BACKWARD, x, x, jax.ShapeDtypeStruct((shape.k,), jnp.float32),
+                           eps=1e-6, scale_offset=0.0)
 
 
 def _kernel_inputs(op: str, dtype: jnp.dtype, rng: np.random.Generator) -> dict:

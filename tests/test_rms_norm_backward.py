@@ -108,9 +108,10 @@ def test_explicit_impl_backward_runs_the_kernel(rng, monkeypatch):
     assert _judge(x, g, scale, 1.0, 1e-6, dx, d_scale) <= 1.0
 
 
-def test_automatic_dispatch_declines_the_unmeasured_kernel_and_inference_never_asks():
+def test_automatic_dispatch_declines_the_unmeasured_kernel_and_keeps_stock_graph():
     """No GPU measurement yet: a training step planned for the H200 keeps JAX's autodiff of
-    the norm and records why; the forward alone (inference) makes no backward decision."""
+    the stock norm and records nothing; `dispatch.decide` says why. Where the forward falls
+    back too (QK-norm heads), the op stays plain JAX, forward-mode autodiff included."""
     assert norm_backward_measured.ENTRIES == ()
     S = jax.ShapeDtypeStruct
     x, scale = S((4096, 2048), jnp.bfloat16), S((2048,), jnp.float32)
@@ -119,14 +120,15 @@ def test_automatic_dispatch_declines_the_unmeasured_kernel_and_inference_never_a
         return jnp.sum(jaxnorm.rms_norm(x, scale).astype(jnp.float32))
 
     with dispatch.recorded_choices() as made:
-        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
-            jax.jit(loss).trace(x, scale).lower(lowering_platforms=("cuda",))
-    assert OP not in made
-    with dispatch.recorded_choices() as made:
         text = _grad_lowered_for_h200(loss, x, scale)
-    [(impl, reason)] = made[OP]
-    assert impl == "xla" and "no measured shape within 2x of 4096x2048" in reason
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            heads, gain = S((65536, 128), jnp.bfloat16), S((128,), jnp.float32)
+            jax.jit(lambda x, s, t: jax.jvp(loss, (x, s), (t, s))).trace(heads, gain, heads).lower(
+                lowering_platforms=("cuda",))
+            impl, reason = dispatch.decide(OP, x, x, scale, eps=1e-6, scale_offset=0.0)
+    assert OP not in made
     assert "custom_call @mosaic_gpu_v2(" not in text
+    assert impl == "xla" and "no measured shape within 2x of 4096x2048" in reason
 
 
 def _grad_lowered_for_h200(fn, *avals) -> str:
@@ -167,7 +169,9 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
     monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
         ((m, k), "bfloat16", True, 0.8), ((m, n), "bfloat16", True, 0.8)))
-    assert launches(None) == before + 1
+    with dispatch.recorded_choices() as made:
+        assert launches(None) == before + 1
+    assert made[OP] == [("mosaic", None)]  # recorded by the backward that runs it
     assert launches("xla") == 0
 
 

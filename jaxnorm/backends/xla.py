@@ -65,41 +65,32 @@ def _stock_rms_norm(x: Array, scale: Array | None, eps: float, scale_offset: flo
 
 
 def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
-    """RMSNorm(x) in x's dtype as stock Flax computes it. Inside an impl=None op planned for
-    a Hopper GPU (`dispatch.automatic_scope`) its VJP asks automatic dispatch, when a
-    training step differentiates it, whether RMSNorm's backward kernel takes it
-    (`_rms_norm_vjp_chosen`); everywhere else JAX differentiates this graph, as it does
-    stock's, and inference never asks."""
-    if not dispatch.automatic_backward_possible():
+    """RMSNorm(x) in x's dtype as stock Flax computes it. Inside an impl=None op where
+    automatic dispatch takes RMSNorm's backward kernel for x's rows
+    (`dispatch.norm_backward_kernel`) its VJP is that kernel; everywhere else JAX
+    differentiates this graph, as it does stock's."""
+    if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset):
         return _stock_rms_norm(x, scale, eps, scale_offset)
-    return _rms_norm_vjp_chosen(float(eps), float(scale_offset), x, scale)
+    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), x, scale)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rms_norm_vjp_chosen(eps: float, scale_offset: float, x: Array,
+def _rms_norm_kernel_vjp(eps: float, scale_offset: float, x: Array,
                          scale: Array | None) -> Array:
     return _stock_rms_norm(x, scale, eps, scale_offset)
 
 
-def _rms_norm_vjp_chosen_fwd(eps, scale_offset, x, scale):
-    # JAX's VJP of the stock graph as saved state: where the kernel is declined the backward
-    # is exactly stock's (what it would have saved and recomputed), and where it is taken
-    # those residuals go unused and XLA drops them.
-    y, stock_vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset),
-                           x, scale)
-    return y, (x, scale, stock_vjp)
+def _rms_norm_kernel_vjp_fwd(eps, scale_offset, x, scale):
+    return _stock_rms_norm(x, scale, eps, scale_offset), (x, scale)
 
 
-def _rms_norm_vjp_chosen_bwd(eps, scale_offset, saved, dy):
-    x, scale, stock_vjp = saved
-    kwargs = dict(eps=eps, scale_offset=scale_offset)
-    chosen = dispatch.resolve("rms_norm_backward", None, x, x, scale, **kwargs)
-    if chosen == "xla":
-        return stock_vjp(dy)
-    return dispatch.call("rms_norm_backward", chosen, x, dy.astype(x.dtype), scale, **kwargs)
+def _rms_norm_kernel_vjp_bwd(eps, scale_offset, saved, dy):
+    x, scale = saved
+    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale, eps=eps,
+                         scale_offset=scale_offset)
 
 
-_rms_norm_vjp_chosen.defvjp(_rms_norm_vjp_chosen_fwd, _rms_norm_vjp_chosen_bwd)
+_rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
 
 
 @register("rms_norm_backward", "xla")
