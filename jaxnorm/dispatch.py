@@ -187,7 +187,7 @@ def decide(op: str, *args: Any, **kwargs: Any) -> tuple[str, str | None]:
 def automatic_scope(automatic: bool) -> Iterator[None]:
     """Mark what is traced inside as part of a public op called with impl=None (True) or with
     an explicit impl (False), for the decisions its xla formulation makes itself
-    (`norm_backward`): an explicit impl="xla" stays pure JAX."""
+    (`norm_backward_kernel`): an explicit impl="xla" stays pure JAX."""
     token = _AUTOMATIC.set(automatic)
     try:
         yield

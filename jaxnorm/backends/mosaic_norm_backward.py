@@ -16,9 +16,9 @@ import jax.numpy as jnp
 
 from jaxnorm.backends import norm_backward_measured as measured
 from jaxnorm.backends.mosaic_dense import nearest_measured
-from jaxnorm.backends.mosaic_device import on_gpu_only
+from jaxnorm.backends.mosaic_norms import _gpu_input, _num_sms
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import hardware, rms_norm_backward as kernel
+from pallas_kernels import rms_norm_backward as kernel
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.padding import config_for_rows, pad_rows
 
@@ -33,8 +33,8 @@ MAX_RATIO = 0.95
 
 def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool,
             addend: bool) -> kernel.BackwardConfig:
-    sms = hardware.H200_SMS if interpret else hardware.num_sms()
-    return kernel.select_backward_config(m, k, dtype, num_sms=sms, addend=addend)
+    return kernel.select_backward_config(m, k, dtype, num_sms=_num_sms(interpret),
+                                         addend=addend)
 
 
 @register(OP, "mosaic")
@@ -49,10 +49,8 @@ def rms_norm_backward(x: Array, g: Array, scale: Array | None, addend: Array | N
     # Narrow rows take blocks of 4 rows (one warp per row), as the forward's.
     config, padded_m = config_for_rows(
         m, lambda rows: _config(rows, k, x.dtype, interpret, addend is not None), 4)
-    x, g = pad_rows(x, padded_m), pad_rows(g, padded_m)
+    x, g = _gpu_input(pad_rows(x, padded_m), OP, interpret), pad_rows(g, padded_m)
     addend = None if addend is None else pad_rows(addend, padded_m)
-    if not interpret:
-        x = on_gpu_only(x, OP)
     dx, d_scale = kernel.rms_norm_backward(x, g, scale, addend, eps=eps,
                                            scale_offset=scale_offset, config=config,
                                            interpret=interpret)

@@ -10,11 +10,11 @@ float32 dot asks for full precision so GPUs do not silently drop to TF32.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-import functools
 
 from jaxnorm import dispatch, row_stats, statistics
 from jaxnorm.dispatch import register
