@@ -13,8 +13,10 @@ each CTA takes row blocks in turn (the next block's copy into shared memory in
 flight while it works), recomputes r from x (as the stock backward does, so
 nothing is saved per row), takes both row sums in one pass over registers,
 writes dx over its copy of G in place and copies it out, and keeps the gain's
-column sum running in shared memory: one float32 partial per CTA ([CTAs, K],
-a few per SM, which XLA sums).
+column sum running in shared memory, one float32 row per row of the block, each
+element only ever touched by the thread that owns it (no synchronization per
+step); at the end the block's rows fold into one partial per CTA ([CTAs, K], a
+few per SM, which XLA sums).
 
 Rows must fit one CTA (no cluster split): the K of every model preset does.
 """
@@ -70,7 +72,8 @@ class BackwardConfig:
     def smem_bytes(self, k: int, dtype: jnp.dtype) -> int:
         buffers = 2 if self.steps > 1 else 1
         tiles = (2 + self.addend) * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
-        return tiles + 2 * 4 * k + _REDUCTION_SCRATCH_BYTES
+        column_partials = self.rows.block_m * 4 * k  # per row of the block, folded into row 0
+        return tiles + 4 * k + column_partials + _REDUCTION_SCRATCH_BYTES
 
 
 def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
@@ -114,7 +117,7 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
     scale_gmem = refs.pop(0) if has_scale else None
     dx_gmem = refs.pop(0)
     colsum_gmem = refs.pop(0) if has_scale else None
-    x_smem, g_smem, addend_smem, scale_smem, colsum_smem, loaded, vec_loaded = refs
+    x_smem, g_smem, addend_smem, scale_smem, row_partials, loaded, vec_loaded = refs
     rows, steps = config.rows, config.steps
     bm, chunk = rows.block_m, rows.chunk_k
     num_chunks = k // chunk
@@ -154,8 +157,8 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
 
         @pl.loop(0, num_chunks)
         def _zero(c):
-            colsum_smem[pl.ds(c * chunk, chunk)] = plgpu.layout_cast(
-                jnp.zeros((chunk,), jnp.float32), col_layout)
+            row_partials[:, pl.ds(c * chunk, chunk)] = plgpu.layout_cast(
+                jnp.zeros((bm, chunk), jnp.float32), layout)
 
     @pl.loop(0, steps)
     def _step(step):
@@ -191,11 +194,9 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
             x, g = load(x_tile, c), load(g_tile, c)
             span = pl.ds(c * chunk, chunk)
             if has_scale:
-                # Every warp loads the running sum before the column sum's cross-warp
-                # reduction (which synchronizes the warpgroup) and stores the same new
-                # value after it, so no warp reads another's update of this step.
-                before = plgpu.load(colsum_smem.at[span], layout=col_layout)
-                colsum_smem[span] = before + jnp.sum(g * x * rows_of(r), axis=0)
+                # Each thread adds to the elements it owns, the same ones every step.
+                before = plgpu.load(row_partials.at[:, span], layout=layout)
+                row_partials[:, span] = before + g * x * rows_of(r)
             dx = rows_of(r) * (g * gain(c) - rows_of(correction) * x)
             if config.addend:
                 dx = dx + load(addend_smem.at[slot], c)
@@ -206,8 +207,16 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
         plgpu.copy_smem_to_gmem(g_tile, dx_gmem.at[block_rows(step)])
 
     if has_scale:
+        @pl.loop(0, num_chunks)
+        def _fold(c):
+            # The block's rows into row 0, one cross-warp reduction a chunk: every warp has
+            # read its rows before the reduction synchronizes them, then stores the same sum.
+            span = pl.ds(c * chunk, chunk)
+            row_partials[0, span] = jnp.sum(
+                plgpu.load(row_partials.at[:, span], layout=layout), axis=0)
+
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(colsum_smem, colsum_gmem.at[cta])
+        plgpu.copy_smem_to_gmem(row_partials.at[0], colsum_gmem.at[cta])
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # shared memory outlives the copies
 
 
@@ -250,7 +259,7 @@ def rms_norm_backward(
         plgpu.SMEM((buffers, bm, k), x.dtype),
         plgpu.SMEM((buffers, bm, k), x.dtype) if config.addend else None,
         plgpu.SMEM((k,), scale.dtype) if has_scale else None,
-        plgpu.SMEM((k,), jnp.float32) if has_scale else None,
+        plgpu.SMEM((bm, k), jnp.float32) if has_scale else None,
         plgpu.Barrier(num_arrivals=2 + config.addend, num_barriers=buffers),
         plgpu.Barrier(num_arrivals=1) if has_scale else None,
     )

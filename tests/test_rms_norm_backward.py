@@ -108,11 +108,11 @@ def test_explicit_impl_backward_runs_the_kernel(rng, monkeypatch):
     assert _judge(x, g, scale, 1.0, 1e-6, dx, d_scale) <= 1.0
 
 
-def test_automatic_dispatch_declines_the_unmeasured_kernel_and_keeps_stock_graph():
-    """No GPU measurement yet: a training step planned for the H200 keeps JAX's autodiff of
+def test_automatic_dispatch_declines_the_unmeasured_kernel_and_keeps_stock_graph(monkeypatch):
+    """Without a GPU measurement a training step planned for the H200 keeps JAX's autodiff of
     the stock norm and records nothing; `dispatch.decide` says why. Where the forward falls
     back too (QK-norm heads), the op stays plain JAX, forward-mode autodiff included."""
-    assert norm_backward_measured.ENTRIES == ()
+    monkeypatch.setattr(norm_backward_measured, "ENTRIES", ())
     S = jax.ShapeDtypeStruct
     x, scale = S((4096, 2048), jnp.bfloat16), S((2048,), jnp.float32)
 
@@ -165,8 +165,9 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
         return _grad_lowered_for_h200(functools.partial(loss, impl), x, scale, w).count(
             "custom_call @mosaic_gpu_v2(")
 
-    before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
+    monkeypatch.setattr(norm_backward_measured, "ENTRIES", ())
+    before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
         ((m, k), "bfloat16", True, 0.8), ((m, n), "bfloat16", True, 0.8)))
     with dispatch.recorded_choices() as made:
