@@ -19,8 +19,8 @@ A d_model norm reads the residual stream, so in a step x's gradient is the norm'
 the stream's own cotangent R, which XLA adds inside the stock backward's last fusion and
 in a separate pass after the kernel: at those shapes both variants return dx + R (with R
 an input), at the heads' shapes (QK-norm, no stream) dx alone. There a third variant,
-"kernel, stream added in it", takes R as the kernel's addend: what an op that saw both
-cotangents would run (docs/backward.md, what it leaves); the table keeps "kernel".
+"kernel, stream added in it", takes R as the kernel's addend: what an op that returns x for
+the stream runs (`return_input=True`, docs/backward.md); the table keeps both.
 
 Each output is judged against the float64 VJP first (a wrong one is reported, never timed);
 then both are timed interleaved (bench/decode_groups.py's rounds, CUPTI kernel time, inputs
@@ -168,15 +168,18 @@ def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> s
     entries = {}
     for doc in gpu:
         for row in doc["rows"]:
-            kernel = {e["label"]: e for e in row["variants"]}[KERNEL]
-            if "vs_stock" in kernel:
-                entries[(tuple(row["shape"]), row["gain"])] = kernel["vs_stock"]
+            by_label = {e["label"]: e for e in row["variants"]}
+            for label, added in ((KERNEL, False), (KERNEL_ADD, True)):
+                if "vs_stock" in by_label.get(label, {}):
+                    entries[(tuple(row["shape"]), row["gain"], added)] = (
+                        by_label[label]["vs_stock"])
     lines = module_header(norm_backward_measured.__doc__,
                           "The run: command, UTC date, GPU, its SM count, commit.", provenance)
-    lines += ["# ((M, K), dtype name, with a gain, kernel / stock autodiff of the norm's "
-              "backward).", "ENTRIES: tuple[tuple[tuple[int, int], str, bool, float], ...] = ("]
-    lines += [f"    ({shape!r}, 'bfloat16', {gain!r}, {ratio:.3f}),"
-              for (shape, gain), ratio in entries.items()]
+    lines += ["# ((M, K), dtype name, with a gain, with the stream's cotangent added in it,",
+              "#  kernel / stock autodiff of the norm's backward).",
+              "ENTRIES: tuple[tuple[tuple[int, int], str, bool, bool, float], ...] = ("]
+    lines += [f"    ({shape!r}, 'bfloat16', {gain!r}, {added!r}, {ratio:.3f}),"
+              for (shape, gain, added), ratio in entries.items()]
     return "\n".join(lines + [")", ""])
 
 

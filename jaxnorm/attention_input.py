@@ -45,10 +45,13 @@ def rotate_half(h: Array, cos: Array, sin: Array) -> Array:
 def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Array,
                  q_scale: Array | None, k_scale: Array | None, cos: Array, sin: Array,
                  stats: RowStats | None, *, head_dim: int, eps: float, qk_eps: float,
-                 scale_offset: float, impl: str | None) -> tuple[Array, Array, Array]:
-    """The unfused ops, each dispatching on its own under impl=None."""
-    q, k, v = ops.rms_norm_dense(x, scale, (w_q, w_k, w_v), eps=eps, scale_offset=scale_offset,
-                                 impl=impl, statistics=stats)
+                 scale_offset: float, impl: str | None,
+                 return_input: bool = False) -> tuple[Array, ...]:
+    """The unfused ops, each dispatching on its own under impl=None (`return_input`: x
+    after q, k, v, from `ops.rms_norm_dense`)."""
+    outs = ops.rms_norm_dense(x, scale, (w_q, w_k, w_v), eps=eps, scale_offset=scale_offset,
+                              impl=impl, statistics=stats, return_input=return_input)
+    (q, k, v), x_out = outs if return_input else (outs, x)
     m = x.shape[0]
 
     def normed_rotated(h: Array, gain: Array | None) -> Array:
@@ -57,15 +60,16 @@ def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Arr
             heads = ops.rms_norm(heads, gain, eps=qk_eps, scale_offset=scale_offset, impl=impl)
         return rotate_half(heads, cos, sin).reshape(m, -1)
 
-    return normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
+    qkv = normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
+    return (*qkv, x_out) if return_input else qkv
 
 
 @dispatch.register(OP, "xla")
 def _xla(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats=None, *, head_dim, eps,
-         qk_eps, scale_offset):
+         qk_eps, scale_offset, return_input=False):
     return _composition(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats,
                         head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset,
-                        impl="xla")
+                        impl="xla", return_input=return_input)
 
 
 def rms_norm_attention_input(
@@ -85,7 +89,8 @@ def rms_norm_attention_input(
     scale_offset: float = 0.0,
     impl: str | None = None,
     statistics: RowStats | None = None,
-) -> tuple[Array, Array, Array]:
+    return_input: bool = False,
+) -> tuple[Array, ...]:
     """(q, k, v) of an attention input, each [..., heads * head_dim] in x's dtype.
 
     x: [..., K]; scale: the input norm's gain [K] (None: folded into the weights or absent);
@@ -94,7 +99,8 @@ def rms_norm_attention_input(
     float32 tables of each row's position (angles = position * inverse frequency);
     `scale_offset` applies to all three gains (Gemma's 1 + g). `statistics`: x's RowStats
     from the residual GEMM that wrote it. `impl`: None (automatic), "xla", "mosaic" or
-    "interpret".
+    "interpret". `return_input=True` returns (q, k, v, x), x for the residual stream, as
+    `jaxnorm.rms_norm_dense` does.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     qk_eps = _checks.check_scalars(qk_eps, scale_offset)[0]  # validated as an eps is
@@ -133,7 +139,8 @@ def rms_norm_attention_input(
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
     if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`
-        outs = _composition(*args, **kwargs, impl=impl)
+        outs = _composition(*args, **kwargs, impl=impl, return_input=return_input)
     else:
-        outs = dispatch.call_with_xla_backward(OP, chosen, *args, **kwargs)
+        outs = dispatch.call_with_xla_backward(OP, chosen, *args, **kwargs,
+                                               return_input=return_input)
     return tuple(o.reshape(*lead, o.shape[-1]) for o in outs)

@@ -195,15 +195,18 @@ def automatic_scope(automatic: bool) -> Iterator[None]:
         _AUTOMATIC.reset(token)
 
 
-def norm_backward_kernel(x: Any, scale: Any, *, eps: float, scale_offset: float) -> bool:
+def norm_backward_kernel(x: Any, scale: Any, *, eps: float, scale_offset: float,
+                         addend: bool = False) -> bool:
     """Whether RMSNorm's backward kernel differentiates the xla formulation's norm of x being
     traced: inside a public op called with impl=None (`automatic_scope`), where automatic
     dispatch takes "rms_norm_backward" for x's rows. Decided without recording (inference
     makes the same trace); a training step's backward records it when it runs the kernel.
-    Elsewhere the norm stays the stock graph, forward-mode autodiff included."""
+    Elsewhere the norm stays the stock graph, forward-mode autodiff included. `addend`: the
+    kernel would also add x's other cotangent (the residual stream's) to dx."""
     if not _AUTOMATIC.get():
         return False
-    return decide("rms_norm_backward", x, x, scale, eps=eps, scale_offset=scale_offset)[0] != "xla"
+    args = (x, x, scale, x) if addend else (x, x, scale)
+    return decide("rms_norm_backward", *args, eps=eps, scale_offset=scale_offset)[0] != "xla"
 
 
 def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -214,41 +217,53 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
 
 
-def call_with_xla_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
+def call_with_xla_backward(op: str, impl: str, *args: Any, return_input: bool = False,
+                           **kwargs: Any) -> Any:
     """`call(op, impl, ...)` differentiated as the xla implementation: JAX's VJP of it, which
     recomputes what it needs, so a forward-only kernel serves under autodiff. kwargs are
-    static (hashable)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, _AUTOMATIC.get(), args)
+    static (hashable). `return_input`: x (the first argument) after the outputs, its
+    cotangent given to the xla implementation's VJP (called with return_input=True)."""
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, return_input,
+                         _AUTOMATIC.get(), args)
 
 
-def call_with_stock_backward(op: str, impl: str, *args: Any, **kwargs: Any) -> Any:
+def call_with_stock_backward(op: str, impl: str, *args: Any, return_input: bool = False,
+                             **kwargs: Any) -> Any:
     """`call(op, impl, ..., stats)` whose last argument is x's own row statistics,
     differentiated as stock's graph: JAX's VJP of the xla implementation without them (the
     norm reducing x), so the whole gradient flows through x and theirs is zero. The
     statistics' producer then gets no cotangent, and under jit its backward keeps none of
-    their terms. kwargs are static (hashable)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, _AUTOMATIC.get(), args)
+    their terms. kwargs are static (hashable); `return_input` as `call_with_xla_backward`."""
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, return_input,
+                         _AUTOMATIC.get(), args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
-                  args: tuple) -> Any:
-    return call(op, impl, *args, **dict(kwargs))
+def _call_returning_input(op: str, impl: str, kwargs: tuple, return_input: bool,
+                          args: tuple) -> Any:
+    out = call(op, impl, *args, **dict(kwargs))
+    return (*out, args[0]) if return_input else out
 
 
-def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
-                      args: tuple):
-    return call(op, impl, *args, **dict(kwargs)), args
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, return_input: bool,
+                  automatic: bool, args: tuple) -> Any:
+    return _call_returning_input(op, impl, kwargs, return_input, args)
 
 
-def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool, automatic: bool,
-                      args: tuple, cotangents):
+def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool,
+                      return_input: bool, automatic: bool, args: tuple):
+    return _call_returning_input(op, impl, kwargs, return_input, args), args
+
+
+def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool,
+                      return_input: bool, automatic: bool, args: tuple, cotangents):
     """JAX's VJP of the xla implementation; `without_stats`: of it without the last argument
     (x's own statistics), whose cotangent is then zero. Traced after the op's call returned,
     so the call's `automatic_scope` is restored for it."""
     differentiated = args[:-1] if without_stats else args
+    extra = {"return_input": True} if return_input else {}
     with automatic_scope(automatic):
-        _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs)), differentiated)
+        _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs), **extra), differentiated)
         (grads,) = vjp(cotangents)
     return ((*grads, None) if without_stats else grads,)
 

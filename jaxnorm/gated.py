@@ -44,6 +44,7 @@ class _Static(NamedTuple):
     scale_offset: float
     impl: str
     automatic: bool  # impl=None chose the kernel: differentiate the xla formulation
+    return_input: bool = False  # x after the result, for the residual stream
 
     def kwargs(self) -> dict[str, Any]:
         return dict(activation=self.activation, eps=self.eps, scale_offset=self.scale_offset)
@@ -51,23 +52,29 @@ class _Static(NamedTuple):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _gated(s: _Static, x, scale, gate_kernel, up_kernel, gate_bias, up_bias, stats) -> Array:
-    return dispatch.call(OP, s.impl, x, scale, gate_kernel, up_kernel, gate_bias, up_bias,
-                         stats, **s.kwargs())
+    y = dispatch.call(OP, s.impl, x, scale, gate_kernel, up_kernel, gate_bias, up_bias, stats,
+                      **s.kwargs())
+    return (y, x) if s.return_input else y
 
 
-def _xla_formulation(s: _Static, *args) -> Array:
-    return xla_gated.rms_norm_gated_dense(*args, **s.kwargs())
+def _xla_formulation(s: _Static, *args) -> Array | tuple[Array, Array]:
+    """(with `return_input`, x's two cotangents meet in the norm's backward kernel)."""
+    return xla_gated.rms_norm_gated_dense(*args, **s.kwargs(), return_input=s.return_input)
 
 
 def _gated_fwd(s: _Static, *args):
     if s.automatic:  # stock's formulation: given statistics (x's own) get no cotangent
         return jax.vjp(functools.partial(_xla_formulation, s), *args[:-1])
-    return dispatch.call(OP, s.impl, *args, **s.kwargs()), args
+    return _gated(s, *args), args
 
 
-def _gated_bwd(s: _Static, res, dy: Array):
+def _gated_bwd(s: _Static, res, dy: Array | tuple[Array, Array]):
     if s.automatic:
         return (*res(dy), None)
+    if s.return_input:  # an explicit impl: JAX's sum of x's two cotangents
+        dy, d_input = dy
+        dx, *grads = _gated_bwd(s._replace(return_input=False), res, dy)
+        return (dx + d_input.astype(dx.dtype), *grads)
     *res, stats = res
     if stats is not None:  # the given-statistics formulation, differentiated by JAX
         _, vjp = jax.vjp(functools.partial(_xla_formulation, s), *res, stats)
@@ -112,7 +119,8 @@ def rms_norm_gated_dense(
     scale_offset: float = 0.0,
     impl: str | None = None,
     statistics: row_stats.RowStats | None = None,
-) -> jax.Array:
+    return_input: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """act(RMSNorm(x; scale) @ gate_kernel + gate_bias) * (RMSNorm(x; scale) @ up_kernel + up_bias).
 
     x: [..., K]; kernels [K, d_ff] (one shape); biases [d_ff] or None; result
@@ -122,6 +130,9 @@ def rms_norm_gated_dense(
     `impl`: None (automatic), "xla", "mosaic" or "interpret". `statistics`: x's
     `RowStats` (from `residual_dense`), the kernel's row scale without a reduction
     over x; where impl=None falls back to xla, the norm reduces x itself as stock does.
+    `return_input=True` returns (result, x) for the residual stream, as
+    `jaxnorm.rms_norm_dense` does: x's two cotangents summed in RMSNorm's backward kernel
+    where automatic dispatch takes it.
 
     >>> y = rms_norm_gated_dense(jnp.ones((2, 64)), jnp.ones(64), jnp.ones((64, 128)),
     ...                          jnp.ones((64, 128)))
@@ -146,8 +157,12 @@ def rms_norm_gated_dense(
     chosen = dispatch.resolve(OP, impl, *args, stats, **kwargs)
     with dispatch.automatic_scope(impl is None):
         if impl is None and chosen == "xla":  # stock's graph: the statistics go unused
-            y = xla_gated.rms_norm_gated_dense(*args, **kwargs)
+            out = xla_gated.rms_norm_gated_dense(*args, **kwargs, return_input=return_input)
         else:
-            s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None)
-            y = _gated(s, *args, stats)
-    return y.reshape(*lead, n)
+            s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None,
+                        return_input=return_input)
+            out = _gated(s, *args, stats)
+    if not return_input:
+        return out.reshape(*lead, n)
+    y, x_out = out
+    return y.reshape(*lead, n), x_out.reshape(x.shape)

@@ -29,19 +29,22 @@ Array = jax.Array
 
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], stats: RowStats, *,
-               eps: float, scale_offset: float, impl: str | None) -> tuple[Array, ...]:
-    """rms_norm_dense (kind="rms") or layer_norm_dense of 2-D x with x's rows' statistics."""
+               eps: float, scale_offset: float, impl: str | None,
+               return_input: bool = False) -> tuple[Array, ...]:
+    """rms_norm_dense (kind="rms") or layer_norm_dense of 2-D x with x's rows' statistics;
+    `return_input` (RMSNorm only): x after the outputs, for the residual stream."""
     op = f"{kind}_norm_dense"
     params = (scale,) if kind == "rms" else (scale, norm_bias)
     args = (x, *params, kernels, biases, stats)
     kwargs = dict(eps=eps, scale_offset=scale_offset)
+    extra = {"return_input": True} if return_input else {}
     chosen = dispatch.resolve(op, impl, *args, **kwargs)
     if impl is None and chosen == "xla":
         # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
         # unused and XLA drops their producer's reduction (fewer kernels than applying them).
-        return dispatch.call(op, "xla", *args[:-1], **kwargs)
+        return dispatch.call(op, "xla", *args[:-1], **kwargs, **extra)
     if chosen == "xla":
-        return dispatch.call(op, "xla", *args, **kwargs)  # the given-statistics formulation
+        return dispatch.call(op, "xla", *args, **kwargs, **extra)  # given-statistics formulation
     if impl is None:  # x's own statistics: the gradient of stock's graph, none for them
-        return dispatch.call_with_stock_backward(op, chosen, *args, **kwargs)
-    return dispatch.call_with_xla_backward(op, chosen, *args, **kwargs)
+        return dispatch.call_with_stock_backward(op, chosen, *args, **kwargs, **extra)
+    return dispatch.call_with_xla_backward(op, chosen, *args, **kwargs, **extra)

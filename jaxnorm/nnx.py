@@ -144,8 +144,10 @@ class _NormThenLinears(nnx.Module):
                 in_features, features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                 kernel_init=kernel_init, bias_init=bias_init, rngs=rngs))
 
-    def _project(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
+    def _project(self, x: Array, statistics: RowStats | None = None,
+                 return_input: bool = False) -> tuple[Array, ...]:
         linears = [getattr(self, name) for name in self.names]
+        given = x
         kernels = [linear.kernel[...] for linear in linears]
         biases = [None if linear.bias is None else linear.bias[...] for linear in linears]
         scale, norm_bias = self.norm.params()
@@ -156,9 +158,14 @@ class _NormThenLinears(nnx.Module):
         norm = self.norm
         common = dict(eps=norm.epsilon, scale_offset=norm.scale_offset, impl=norm.impl,
                       statistics=statistics)
-        if norm.kind == "rms":
+        if norm.kind != "rms":
+            return ops.layer_norm_dense(x, scale, norm_bias, kernels, bias, **common)
+        if not return_input:
             return ops.rms_norm_dense(x, scale, kernels, bias, **common)
-        return ops.layer_norm_dense(x, scale, norm_bias, kernels, bias, **common)
+        if x.dtype != given.dtype:  # promoted: the stream keeps the x it was given
+            return (*ops.rms_norm_dense(x, scale, kernels, bias, **common), given)
+        outs, x_out = ops.rms_norm_dense(x, scale, kernels, bias, **common, return_input=True)
+        return (*outs, x_out)
 
 
 class RMSNormLinear(_NormThenLinears):
@@ -217,9 +224,12 @@ class RMSNormProjections(_NormThenLinears):
                          param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
                          rngs=rngs)
 
-    def __call__(self, x: Array, statistics: RowStats | None = None) -> tuple[Array, ...]:
-        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given."""
-        return self._project(x, statistics)
+    def __call__(self, x: Array, statistics: RowStats | None = None, *,
+                 return_input: bool = False) -> tuple[Array, ...]:
+        """`statistics`: x's RowStats (from `ResidualLinear`), the norm's row scale given.
+        `return_input=True` appends x, to add to the residual stream in its place
+        (`jaxnorm.rms_norm_dense`): its cotangent then meets the norm's in one backward."""
+        return self._project(x, statistics, return_input)
 
 
 class LayerNormLinear(_NormThenLinears):

@@ -123,6 +123,7 @@ def rms_norm_dense(
     impl: str | None = None,
     axis_name: sharding.AxisName | None = None,
     statistics: row_stats.RowStats | None = None,
+    return_input: bool = False,
 ) -> jax.Array | tuple[jax.Array, ...]:
     """RMSNorm(x; scale) @ kernel + bias, the norm never materialized on the kernel path.
 
@@ -132,6 +133,12 @@ def rms_norm_dense(
     x, scale and the kernels' rows are this shard's K-slice; the result is whole.
     `statistics` (x's `RowStats`, from `residual_dense`) gives the row scale
     rsqrt(m2/K + mean^2 + eps) without a reduction over x.
+
+    `return_input=True` returns (outputs, x): the same x, to add to the residual stream in
+    its place. In a training step x then has two cotangents, through the norm and through
+    the x returned; with `statistics` given, where automatic dispatch takes RMSNorm's
+    backward kernel, they are summed inside it (dx + the stream's, one pass over each:
+    docs/backward.md). Elsewhere JAX sums them as it would for x itself.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
@@ -143,14 +150,19 @@ def rms_norm_dense(
         if statistics is not None:
             outs = _given_statistics("rms", x, statistics, axis, scale=_array(scale),
                                      norm_bias=None, kernels=kernels, biases=biases, eps=eps,
-                                     scale_offset=scale_offset, impl=impl)
-            return _unflatten_outputs(outs, x.shape[:-1], is_seq)
+                                     scale_offset=scale_offset, impl=impl,
+                                     return_input=return_input)
+            if not return_input:
+                return _unflatten_outputs(outs, x.shape[:-1], is_seq)
+            *outs, x_out = outs
+            return _unflatten_outputs(tuple(outs), x.shape[:-1], is_seq), x_out.reshape(x.shape)
         x2, lead = _flatten(x)
         outs = autodiff.norm_dense(
             "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
             impl=impl, axis_name=axis,
         )
-    return _unflatten_outputs(outs, lead, is_seq)
+    outs = _unflatten_outputs(outs, lead, is_seq)
+    return (outs, x) if return_input else outs
 
 
 def layer_norm_dense(

@@ -119,7 +119,7 @@ for name in "$@"; do
       for model in ${MODELS:-qwen3-0.6b llama3.2-1b gemma3-1b}; do
         stage "backward_probe_$model" "${PROBE_LIMIT:-200}" python3 bench/gpu/variant_probe.py \
           --model "$model" --phase train --rounds "${ROUNDS:-2}" \
-          --variants "stock,jaxnorm,norm backward kernel,norm-free" --out "$WORK/probe"
+          --variants "${VARIANTS:-stock,jaxnorm,norm backward kernel,norm-free}" --out "$WORK/probe"
       done ;;
     others) bench norms_post 110 --suite norms,post-norm --quick
             bench decode_train 100 --suite decode-step,train-step --quick ;;

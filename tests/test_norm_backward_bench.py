@@ -34,8 +34,11 @@ def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
     spec = importlib.util.spec_from_file_location("table", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    ratios = {gain: round(e["vs_stock"], 3) for row in gpu["rows"] for e in row["variants"]
-              if e["label"] == "kernel" for gain in [row["gain"]]}
-    assert table.ENTRIES == (((16, 256), "bfloat16", True, ratios[True]),
-                             ((16, 256), "bfloat16", False, ratios[False]))
+    ratios = {(row["gain"], e["label"]): round(e["vs_stock"], 3) for row in gpu["rows"]
+              for e in row["variants"]}
+    added = norm_backward.KERNEL_ADD
+    assert table.ENTRIES == (
+        ((16, 256), "bfloat16", True, False, ratios[True, "kernel"]),
+        ((16, 256), "bfloat16", True, True, ratios[True, added]),  # the smoke run's stream row
+        ((16, 256), "bfloat16", False, False, ratios[False, "kernel"]))
     assert table.PROVENANCE["sms"] == 132 and table.PROVENANCE["commit"] == "abc"

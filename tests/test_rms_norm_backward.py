@@ -4,7 +4,7 @@ float64, lowered for "cuda" at the presets' training shapes, and where autodiff 
 The kernel (pallas_kernels/rms_norm_backward.py) maps x and the cotangent of RMSNorm(x)
 to (dx, d scale) reading each once. Explicit impl="mosaic"/"interpret" norms use it in
 their backward; under impl=None a training step's norms use it only where
-jaxnorm/backends/norm_backward_measured.py has it measured faster (nowhere yet).
+jaxnorm/backends/norm_backward_measured.py has it measured faster.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", ())
     before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
-        ((m, k), "bfloat16", True, 0.8), ((m, n), "bfloat16", True, 0.8)))
+        ((m, k), "bfloat16", True, False, 0.8), ((m, n), "bfloat16", True, False, 0.8)))
     with dispatch.recorded_choices() as made:
         assert launches(None) == before + 1
     assert made[OP] == [("mosaic", None)]  # recorded by the backward that runs it

@@ -61,16 +61,18 @@ def rms_norm_backward(x: Array, g: Array, scale: Array | None, addend: Array | N
 def _not_measured_faster(x: Array, g: Array, scale: Array | None, addend: Array | None = None,
                          **kwargs) -> str | None:
     (m, k), dtype, gain = x.shape, jnp.dtype(x.dtype).name, scale is not None
+    stream = addend is not None
+    what = "with the stream's cotangent added in it" if stream else "alone"
     entry = nearest_measured(measured.PROVENANCE, (m, k), (
-        (shape, (shape, ratio)) for shape, name, has_gain, ratio in measured.ENTRIES
-        if name == dtype and has_gain == gain))
+        (shape, (shape, ratio)) for shape, name, has_gain, added, ratio in measured.ENTRIES
+        if name == dtype and has_gain == gain and added == stream))
     if entry is None:
-        return (f"RMSNorm's backward kernel has no measured shape within 2x of {m}x{k} "
-                f"{dtype} on this GPU (jaxnorm/backends/norm_backward_measured.py, "
+        return (f"RMSNorm's backward kernel ({what}) has no measured shape within 2x of "
+                f"{m}x{k} {dtype} on this GPU (jaxnorm/backends/norm_backward_measured.py, "
                 "python -m bench.norm_backward); training keeps JAX's autodiff of the norm")
     shape, ratio = entry
     if ratio > MAX_RATIO:
-        return (f"RMSNorm's backward kernel measured {ratio:.3f}x JAX's autodiff of the norm "
-                f"at {'x'.join(map(str, shape))} {dtype}, above {MAX_RATIO}x "
+        return (f"RMSNorm's backward kernel ({what}) measured {ratio:.3f}x JAX's autodiff of "
+                f"the norm at {'x'.join(map(str, shape))} {dtype}, above {MAX_RATIO}x "
                 "(jaxnorm/backends/norm_backward_measured.py)")
     return None

@@ -74,6 +74,18 @@ def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: floa
     return _rms_norm_kernel_vjp(float(eps), float(scale_offset), x, scale)
 
 
+def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
+                             scale_offset: float) -> tuple[Array, Array]:
+    """(RMSNorm(x), x): `rms_normalized` with x passed through for the residual stream. Where
+    the backward kernel serves, x's two cotangents (through the norm, and through the x
+    returned) meet inside it, dx + the stream's in one pass (docs/backward.md); elsewhere
+    JAX adds them, as it does for stock's graph."""
+    if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset,
+                                         addend=True):
+        return _stock_rms_norm(x, scale, eps, scale_offset), x
+    return _rms_norm_and_input_kernel_vjp(float(eps), float(scale_offset), x, scale)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _rms_norm_kernel_vjp(eps: float, scale_offset: float, x: Array,
                          scale: Array | None) -> Array:
@@ -91,6 +103,26 @@ def _rms_norm_kernel_vjp_bwd(eps, scale_offset, saved, dy):
 
 
 _rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _rms_norm_and_input_kernel_vjp(eps: float, scale_offset: float, x: Array,
+                                   scale: Array | None) -> tuple[Array, Array]:
+    return _stock_rms_norm(x, scale, eps, scale_offset), x
+
+
+def _rms_norm_and_input_kernel_vjp_fwd(eps, scale_offset, x, scale):
+    return (_stock_rms_norm(x, scale, eps, scale_offset), x), (x, scale)
+
+
+def _rms_norm_and_input_kernel_vjp_bwd(eps, scale_offset, saved, cotangents):
+    (x, scale), (dy, d_input) = saved, cotangents
+    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale,
+                         d_input.astype(x.dtype), eps=eps, scale_offset=scale_offset)
+
+
+_rms_norm_and_input_kernel_vjp.defvjp(_rms_norm_and_input_kernel_vjp_fwd,
+                                      _rms_norm_and_input_kernel_vjp_bwd)
 
 
 @register("rms_norm_backward", "xla")
@@ -131,15 +163,21 @@ def rms_norm_dense(
     *,
     eps: float,
     scale_offset: float,
+    return_input: bool = False,
 ) -> tuple[Array, ...]:
     """The unfused pattern users write: normalize once (in x.dtype), then one dot per kernel.
 
-    With `stats` (x's rows' RowStats) the row scale comes from them, not from x."""
+    With `stats` (x's rows' RowStats) the row scale comes from them, not from x.
+    `return_input`: x itself after the outputs (`rms_normalized_and_input`)."""
     if stats is None:
-        return _dense_outputs(rms_normalized(x, scale, eps, scale_offset), kernels, biases)
+        if not return_input:
+            return _dense_outputs(rms_normalized(x, scale, eps, scale_offset), kernels, biases)
+        normed, x_out = rms_normalized_and_input(x, scale, eps, scale_offset)
+        return (*_dense_outputs(normed, kernels, biases), x_out)
     r = row_stats.rms_inverse(stats, eps)
     normed = x.astype(jnp.float32) * r[:, None] * _gain(scale, scale_offset)
-    return _dense_outputs(normed.astype(x.dtype), kernels, biases)
+    outs = _dense_outputs(normed.astype(x.dtype), kernels, biases)
+    return (*outs, x) if return_input else outs
 
 
 @register("layer_norm_dense", "xla")

@@ -30,8 +30,12 @@ ACTIVATIONS = {
 def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_kernel: Array,
                          gate_bias: Array | None, up_bias: Array | None,
                          stats: RowStats | None = None, *, activation: str, eps: float,
-                         scale_offset: float) -> Array:
-    """With `stats` (x's rows' RowStats) the row scale comes from them, not from x."""
-    gate, up = xla.rms_norm_dense(x, scale, (gate_kernel, up_kernel), (gate_bias, up_bias),
-                                  stats, eps=eps, scale_offset=scale_offset)
-    return ACTIVATIONS[activation](gate) * up
+                         scale_offset: float, return_input: bool = False
+                         ) -> Array | tuple[Array, Array]:
+    """With `stats` (x's rows' RowStats) the row scale comes from them, not from x.
+    `return_input`: (the result, x) (`xla.rms_normalized_and_input`)."""
+    gate, up, *x_out = xla.rms_norm_dense(x, scale, (gate_kernel, up_kernel),
+                                          (gate_bias, up_bias), stats, eps=eps,
+                                          scale_offset=scale_offset, return_input=return_input)
+    y = ACTIVATIONS[activation](gate) * up
+    return (y, *x_out) if return_input else y

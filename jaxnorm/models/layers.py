@@ -104,23 +104,40 @@ def norm_projections(cfg: ModelConfig, out_features: Mapping[str, int], *,
         for name, n in out_features.items()})
 
 
+def projections_and_stream(cfg: ModelConfig, module: nnx.Module, x: Array,
+                           stats: RowStats | None) -> tuple[Array, ...]:
+    """(the projections of x's input norm, x for the residual stream). In a fused model
+    with input norms the x is the op's (`return_input`): in a training step the stream's
+    cotangent then joins the norm's inside RMSNorm's backward kernel (docs/backward.md)."""
+    if cfg.fused and cfg.pre_norms:
+        return module(x, statistics=stats, return_input=True)
+    return (*(module(x, statistics=stats) if stats is not None else module(x)), x)
+
+
+def _stream(given: Array, outs: tuple[Array, ...]) -> tuple[Array, ...]:
+    """An op's outputs with return_input's x last; the x given where promotion changed it."""
+    *outs, x_out = outs
+    return (*outs, x_out if x_out.dtype == given.dtype else given)
+
+
 def gated_mlp_input(cfg: ModelConfig, mlp_in: nnx.Module, x: Array,
-                    stats: RowStats | None) -> Array:
-    """act(gate) * up of the MLP's input norm and projections. Under `cfg.fused` with input
-    norms, one op (`jaxnorm.rms_norm_gated_dense`: the gate/up dual GEMM with the activation
-    in its epilogue, where dispatch picks it); else the two projections; either takes x's
+                    stats: RowStats | None) -> tuple[Array, Array]:
+    """(act(gate) * up of the MLP's input norm and projections, x for the residual stream,
+    as `projections_and_stream`). Under `cfg.fused` with input norms, one op
+    (`jaxnorm.rms_norm_gated_dense`: the gate/up dual GEMM with the activation in its
+    epilogue, where dispatch picks it); else the two projections; either takes x's
     statistics where the residual GEMM wrote them, then the activation."""
     if not (cfg.fused and cfg.pre_norms):
-        gate, up = mlp_in(x, statistics=stats) if stats is not None else mlp_in(x)
-        return activation(cfg, gate) * up
+        gate, up, stream = projections_and_stream(cfg, mlp_in, x, stats)
+        return activation(cfg, gate) * up, stream
+    given = x
     scale = None if mlp_in.norm.scale is None else mlp_in.norm.scale[...]
     biases = [None if p.bias is None else p.bias[...] for p in (mlp_in.gate, mlp_in.up)]
     x, scale, w_gate, w_up, b_gate, b_up = promote_dtype(
         (x, scale, mlp_in.gate.kernel[...], mlp_in.up.kernel[...], *biases), dtype=cfg.dtype)
-    return jaxnorm.rms_norm_gated_dense(x, scale, w_gate, w_up, b_gate, b_up,
-                                        activation=cfg.activation, eps=cfg.eps,
-                                        scale_offset=cfg.scale_offset, impl=cfg.impl,
-                                        statistics=stats)
+    return _stream(given, jaxnorm.rms_norm_gated_dense(
+        x, scale, w_gate, w_up, b_gate, b_up, activation=cfg.activation, eps=cfg.eps,
+        scale_offset=cfg.scale_offset, impl=cfg.impl, statistics=stats, return_input=True))
 
 
 def fuses_attention_input(cfg: ModelConfig) -> bool:
@@ -135,10 +152,11 @@ def fuses_attention_input(cfg: ModelConfig) -> bool:
 
 def attention_input(cfg: ModelConfig, attn_in: nnx.Module, attn: nnx.Module, x: Array,
                     stats: RowStats | None, positions: Array,
-                    inv_freq: np.ndarray) -> tuple[Array, Array, Array]:
-    """(q, k, v) of x [B, T, D], q and k QK-normed (where the model has QK-norm) and rotated
-    at `positions` ([T] or [B, T]): the decode attention-input kernel where dispatch picks
-    it, else the unfused ops."""
+                    inv_freq: np.ndarray) -> tuple[Array, Array, Array, Array]:
+    """(q, k, v, x for the residual stream) of x [B, T, D], q and k QK-normed (where the model
+    has QK-norm) and rotated at `positions` ([T] or [B, T]): the decode attention-input
+    kernel where dispatch picks it, else the unfused ops (`projections_and_stream`)."""
+    given = x
     b, t, _ = x.shape
     angles = jnp.broadcast_to(positions, (b, t)).astype(jnp.float32)[..., None] * inv_freq
     norm_scale = None if attn_in.norm.scale is None else attn_in.norm.scale[...]
@@ -147,10 +165,10 @@ def attention_input(cfg: ModelConfig, attn_in: nnx.Module, attn: nnx.Module, x: 
     x, norm_scale, w_q, w_k, w_v, q_scale, k_scale = promote_dtype(
         (x, norm_scale, attn_in.q.kernel[...], attn_in.k.kernel[...], attn_in.v.kernel[...],
          *qk_gains), dtype=cfg.dtype)
-    return jaxnorm.rms_norm_attention_input(
+    return _stream(given, jaxnorm.rms_norm_attention_input(
         x, norm_scale, w_q, w_k, w_v, q_scale, k_scale, jnp.cos(angles), jnp.sin(angles),
         head_dim=cfg.head_dim, eps=cfg.eps, qk_eps=cfg.eps, scale_offset=cfg.scale_offset,
-        impl=cfg.impl, statistics=stats)
+        impl=cfg.impl, statistics=stats, return_input=True))
 
 
 def linear(cfg: ModelConfig, in_features: int, out_features: int, *, use_bias: bool = False,

@@ -123,10 +123,10 @@ class Block(nnx.Module):
         self.cfg = cfg
 
     def _qkv(self, x: Array, stats: RowStats | None, slots: Array,
-             pad: Array | None) -> tuple[Array, Array, Array, bool]:
-        """q, k, v, and whether q and k are already QK-normed and rotated (the fused
-        attention input); normed over the whole projection here for QK-norm over
-        "projection"."""
+             pad: Array | None) -> tuple[Array, Array, Array, Array, bool]:
+        """q, k, v, x for the residual stream (`layers.projections_and_stream`), and whether
+        q and k are already QK-normed and rotated (the fused attention input); normed over
+        the whole projection here for QK-norm over "projection"."""
         cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
         if layers.fuses_attention_input(cfg):
             positions, inv_freq = attn.rope_positions(slots, pad)
@@ -134,15 +134,15 @@ class Block(nnx.Module):
                     True)
         return (*self._projections(x, stats), False)
 
-    def _projections(self, x: Array, stats: RowStats | None) -> tuple[Array, Array, Array]:
+    def _projections(self, x: Array, stats: RowStats | None) -> tuple[Array, ...]:
         cfg, attn_in, attn = self.cfg, self.attn_in, self.attn
         if not (cfg.qk_norm and cfg.qk_norm_over == "projection"):
-            return attn_in(x, statistics=stats) if stats is not None else attn_in(x)
+            return layers.projections_and_stream(cfg, attn_in, x, stats)
         if not cfg.pre_norms:  # OLMo 2: Norm(x @ W_q) and Norm(x @ W_k) are post-norm ops
             return (layers.project_then_norm(cfg, attn_in.q, attn.q_norm, x),
-                    layers.project_then_norm(cfg, attn_in.k, attn.k_norm, x), attn_in.v(x))
-        q, k, v = attn_in(x)
-        return attn.q_norm(q), attn.k_norm(k), v
+                    layers.project_then_norm(cfg, attn_in.k, attn.k_norm, x), attn_in.v(x), x)
+        q, k, v, stream = layers.projections_and_stream(cfg, attn_in, x, None)
+        return attn.q_norm(q), attn.k_norm(k), v, stream
 
     def __call__(self, x: Array, slots: Array, cache: tuple[Array, Array] | None,
                  pad: Array | None = None, stats: RowStats | None = None):
@@ -150,9 +150,9 @@ class Block(nnx.Module):
 
         `stats`: the input's statistics from the previous block's down-projection."""
         cfg = self.cfg
-        q, k, v, rotated = self._qkv(x, stats, slots, pad)
+        q, k, v, x, rotated = self._qkv(x, stats, slots, pad)
         x, stats, cache = self.attn(q, k, v, slots, cache, pad, residual=x, rotated=rotated)
-        h = layers.gated_mlp_input(cfg, self.mlp_in, x, stats)
+        h, x = layers.gated_mlp_input(cfg, self.mlp_in, x, stats)
         if cfg.post_norms:  # the statistics for the next layer's input norm (Gemma 2/3)
             x, stats = layers.project_then_norm(cfg, self.down, self.down_norm, h, x,
                                                 statistics=cfg.pre_norms)
