@@ -3,6 +3,8 @@
 import importlib.util
 import json
 
+import pytest
+
 from bench import norm_backward
 
 
@@ -34,11 +36,17 @@ def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
     spec = importlib.util.spec_from_file_location("table", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    ratios = {(row["gain"], e["label"]): round(e["vs_stock"], 3) for row in gpu["rows"]
-              for e in row["variants"]}
-    added = norm_backward.KERNEL_ADD
-    assert table.ENTRIES == (
-        ((16, 256), "bfloat16", True, False, ratios[True, "kernel"]),
-        ((16, 256), "bfloat16", True, True, ratios[True, added]),  # the smoke run's stream row
-        ((16, 256), "bfloat16", False, False, ratios[False, "kernel"]))
+    by = {(row["gain"], e["label"]): e for row in gpu["rows"] for e in row["variants"]}
+
+    def entry(gain: bool, label: str) -> tuple:
+        ratio = round(by[gain, label]["vs_stock"], 3)
+        return ((16, 256), "bfloat16", gain, label != "kernel", ratio,
+                by[gain, "stock"]["us"] - by[gain, label]["us"])
+
+    assert [e[:5] for e in table.ENTRIES] == [e[:5] for e in (
+        entry(True, "kernel"), entry(True, norm_backward.KERNEL_ADD),  # the smoke's stream row
+        entry(False, "kernel"))]
+    assert [e[5] for e in table.ENTRIES] == pytest.approx(
+        [entry(True, "kernel")[5], entry(True, norm_backward.KERNEL_ADD)[5],
+         entry(False, "kernel")[5]], abs=0.051)
     assert table.PROVENANCE["sms"] == 132 and table.PROVENANCE["commit"] == "abc"

@@ -87,7 +87,7 @@ def test_kernel_takes_the_streams_cotangent_where_that_form_is_measured(monkeypa
     S = jax.ShapeDtypeStruct
     monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
     monkeypatch.setattr(norm_backward_measured, "ENTRIES",
-                        (((m, k), "bfloat16", True, True, 0.6),))
+                        (((m, k), "bfloat16", True, True, 0.6, 20.0),))
 
     def launches(return_input: bool) -> int:
         def loss(x, scale, w):

@@ -169,7 +169,7 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", ())
     before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
-        ((m, k), "bfloat16", True, False, 0.8), ((m, n), "bfloat16", True, False, 0.8)))
+        ((m, k), "bfloat16", True, False, 0.8, 10.0), ((m, n), "bfloat16", True, False, 0.8, 10.0)))
     with dispatch.recorded_choices() as made:
         assert launches(None) == before + 1
     assert made[OP] == [("mosaic", None)]  # recorded by the backward that runs it
@@ -245,3 +245,21 @@ def test_addend_lowers_at_a_training_shape():
         lowered = jax.jit(fn).trace(a, a, S((2048,), jnp.float32), a).lower(
             lowering_platforms=("cuda",))
     assert lowered.as_text().count("custom_call @mosaic_gpu_v2(") == 1
+
+
+def test_a_launch_saving_too_little_is_declined(monkeypatch):
+    """Faster by ratio but saving under MIN_SAVED_US a launch (Gemma-3-1B's rows): declined,
+    with the saving in the reason, since each launch costs the step's wall time."""
+    from jaxnorm.backends import mosaic_norm_backward
+
+    S = jax.ShapeDtypeStruct
+    x, scale = S((2048, 1152), jnp.bfloat16), S((1152,), jnp.float32)
+    monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
+    for saved, taken in ((4.6, False), (mosaic_norm_backward.MIN_SAVED_US, True)):
+        monkeypatch.setattr(norm_backward_measured, "ENTRIES",
+                            (((2048, 1152), "bfloat16", True, False, 0.77, saved),))
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            impl, reason = dispatch.decide(OP, x, x, scale, eps=1e-6, scale_offset=0.0)
+        assert (impl == "mosaic") == taken, reason
+        if not taken:
+            assert "saved 4.6 us a launch" in reason
