@@ -6,8 +6,7 @@ VJP of the stock norm (`jaxnorm.backends.xla.rms_norm_vjp`); this one pads rows 
 blocks (zero rows: zero gradients, dropped), runs the kernel compiled for the GPU or, with
 `interpret=True`, under the Pallas GPU interpreter with race detection. Under automatic
 dispatch a training step's norms take it only where bench/norm_backward.py measured it
-faster than the
-stock backward (jaxnorm/backends/norm_backward_measured.py).
+faster than the stock backward (jaxnorm/backends/norm_backward_measured.py).
 """
 
 from __future__ import annotations

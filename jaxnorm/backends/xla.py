@@ -71,7 +71,7 @@ def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: floa
     differentiates this graph, as it does stock's."""
     if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset):
         return _stock_rms_norm(x, scale, eps, scale_offset)
-    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), x, scale)
+    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), False, x, scale)
 
 
 def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
@@ -83,46 +83,32 @@ def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
     if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset,
                                          addend=True):
         return _stock_rms_norm(x, scale, eps, scale_offset), x
-    return _rms_norm_and_input_kernel_vjp(float(eps), float(scale_offset), x, scale)
+    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), True, x, scale)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rms_norm_kernel_vjp(eps: float, scale_offset: float, x: Array,
-                         scale: Array | None) -> Array:
-    return _stock_rms_norm(x, scale, eps, scale_offset)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _rms_norm_kernel_vjp(eps: float, scale_offset: float, with_input: bool, x: Array,
+                         scale: Array | None) -> Array | tuple[Array, Array]:
+    """The stock norm (and x itself, `with_input`) whose VJP is the backward kernel, given
+    x's cotangent through the returned x as its addend."""
+    y = _stock_rms_norm(x, scale, eps, scale_offset)
+    return (y, x) if with_input else y
 
 
-def _rms_norm_kernel_vjp_fwd(eps, scale_offset, x, scale):
-    return _stock_rms_norm(x, scale, eps, scale_offset), (x, scale)
+def _rms_norm_kernel_vjp_fwd(eps, scale_offset, with_input, x, scale):
+    y = _stock_rms_norm(x, scale, eps, scale_offset)
+    return ((y, x) if with_input else y), (x, scale)
 
 
-def _rms_norm_kernel_vjp_bwd(eps, scale_offset, saved, dy):
+def _rms_norm_kernel_vjp_bwd(eps, scale_offset, with_input, saved, cotangents):
     x, scale = saved
-    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale, eps=eps,
+    dy, *addend = cotangents if with_input else (cotangents,)
+    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale,
+                         *(a.astype(x.dtype) for a in addend), eps=eps,
                          scale_offset=scale_offset)
 
 
 _rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rms_norm_and_input_kernel_vjp(eps: float, scale_offset: float, x: Array,
-                                   scale: Array | None) -> tuple[Array, Array]:
-    return _stock_rms_norm(x, scale, eps, scale_offset), x
-
-
-def _rms_norm_and_input_kernel_vjp_fwd(eps, scale_offset, x, scale):
-    return (_stock_rms_norm(x, scale, eps, scale_offset), x), (x, scale)
-
-
-def _rms_norm_and_input_kernel_vjp_bwd(eps, scale_offset, saved, cotangents):
-    (x, scale), (dy, d_input) = saved, cotangents
-    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale,
-                         d_input.astype(x.dtype), eps=eps, scale_offset=scale_offset)
-
-
-_rms_norm_and_input_kernel_vjp.defvjp(_rms_norm_and_input_kernel_vjp_fwd,
-                                      _rms_norm_and_input_kernel_vjp_bwd)
 
 
 @register("rms_norm_backward", "xla")
