@@ -22,13 +22,14 @@ ITEMSIZE = 2  # bf16
 
 def name(config: TuningConfig) -> str:
     """A short unique name: CTA tile/warpgroup tile, K tile, stages, epilogue tile, grid,
-    cluster."""
+    cluster, one wgmma step in flight."""
     cluster = config.cluster_dimension
     return (f"{config.cta_tile_m}x{config.cta_tile_n}/{config.tile_m}x{config.tile_n}"
             f"_k{config.tile_k}_s{config.max_concurrent_steps}"
             f"_e{config.epi_tile_m}x{config.epi_tile_n}"
             f"_g{config.grid_minor_dim.name}{config.grid_tile_width}"
-            + ("" if cluster is None else f"_c{cluster.name}"))
+            + ("" if cluster is None else f"_c{cluster.name}")
+            + ("_f1" if config.wgmma_in_flight else ""))
 
 
 def fits(config: TuningConfig) -> bool:
@@ -81,3 +82,13 @@ def refinements(config: TuningConfig) -> list[TuningConfig]:
         wide_epilogue,
     ]
     return [c for c in _unique(variants) if c != config]
+
+
+def in_flight_variants(config: TuningConfig) -> list[TuningConfig]:
+    """`config` with one wgmma step in flight, as is and with a stage more where a half-width
+    epilogue tile makes room for it (the step in flight holds a slot the TMA could fill)."""
+    lagged = dataclasses.replace(config, wgmma_in_flight=1)
+    deeper = dataclasses.replace(lagged, max_concurrent_steps=config.max_concurrent_steps + 1)
+    if not fits(deeper) and config.epi_tile_n > 32:
+        deeper = dataclasses.replace(deeper, epi_tile_n=config.epi_tile_n // 2)
+    return _unique([lagged, deeper if deeper.max_concurrent_steps <= MAX_STEPS else None])

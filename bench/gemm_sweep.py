@@ -25,6 +25,10 @@ Pruning (the full product of the knobs is ~300 configs per shape, ~1.5 s each; `
    epilogue tile (`gemm_candidates.refinements`), timed at the screen shapes.
 3. Every other shape: its `default_config` and the `top_k` best configs of steps 1-2.
 That is 3 x (25 + 8) + 29 x 4 configs: ~6 minutes on an H200 at 1.5 s a config.
+
+`--around-table` skips steps 1-3: every shape times its `default_config` (the table's pick)
+and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
+knob the table's sweep did not have: 3 configs a shape, all 32 shapes in ~4 minutes.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Plan:
     warmup: int = 2
     interpret: bool = False
     clusters: bool = True  # screen 2-CTA clusters too
+    around_table: bool = False  # only each shape's table pick and its in-flight variants
 
 
 # CPU: the interpreter at tiny shapes, two screen configs (the second clustered), one refined,
@@ -116,6 +121,8 @@ def _args() -> argparse.ArgumentParser:
     p.add_argument("--shapes", type=_parse_shapes, help="comma-separated MxKxN (default: presets)")
     p.add_argument("--quick", action="store_true",
                    help="CPU check of the code path: interpreter, tiny shapes, two configs")
+    p.add_argument("--around-table", action="store_true",
+                   help="each shape's table config and its wgmma-in-flight variants, no screen")
     p.add_argument("--no-cluster", action="store_true",
                    help="leave 2-CTA clusters out of the screen (should one hang the GPU)")
     p.add_argument("--write-table", metavar="RESULTS_JSON",
@@ -145,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 commit=_commit(), device=device.device_kind, platform=device.platform,
                 sms=getattr(device, "core_count", None), jax=jax.__version__,
                 budget_s=args.budget_s, quick=args.quick, rel_tol=REL_TOL)
-    plan = dataclasses.replace(QUICK_PLAN if args.quick else Plan(), clusters=not args.no_cluster)
+    plan = dataclasses.replace(QUICK_PLAN if args.quick else Plan(), clusters=not args.no_cluster,
+                               around_table=args.around_table)
     Sweep(out=out, budget_s=args.budget_s, plan=plan, meta=meta, shapes=shapes).run()
     print(out / JSON_NAME)
     print(out / MD_NAME)
@@ -206,6 +214,11 @@ class Sweep:
             self.rows[(m, k, n)] = dict(shape=[m, k, n], status="untimed",
                                         default=candidates.name(default_config(m, k, (n,))),
                                         cublas_samples_us=[], results={})
+        if self.plan.around_table:
+            for m, k, n in self.shapes:
+                self.visit((m, k, n), candidates.in_flight_variants(default_config(m, k, (n,))))
+            self.write()
+            return
         screen = [s for s in self.shapes if s in self.plan.screen_shapes] or list(self.shapes[:1])
         screen_list = candidates.screen(self.plan.clusters)[: self.plan.max_screen]
         for shape in screen:

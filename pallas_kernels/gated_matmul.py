@@ -40,7 +40,8 @@ from pallas_kernels import hardware
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gemm_config import (MatmulDimension, TuningConfig, check_shapes,
                                         default_config, padded_rows)
-from pallas_kernels.gemm_kernel import _swizzled, drain_releases, grid_ctas
+from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, grid_ctas, release_done_slot,
+                                        release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import crop_rows, pad_rows
 
@@ -137,6 +138,7 @@ def _kernel(x_gmem, wg_gmem, wu_gmem, row_gmem, *refs, config: TuningConfig, act
     epi_m, epi_n = config.epi_tile_m, config.epi_tile_n
     m_iters, n_iters, k_iters = pl.cdiv(m, cta_tile_m), pl.cdiv(n, cta_tile_n), k // tile_k
     steps = config.max_concurrent_steps
+    in_flight = config.wgmma_in_flight
     num_mma_wgs, memory_wg = 2, 2
     num_vectors = 1 + len(bias_gmems)
     act = ACTIVATIONS[activation]
@@ -232,12 +234,12 @@ def _kernel(x_gmem, wg_gmem, wu_gmem, row_gmem, *refs, config: TuningConfig, act
                         cols = pl.ds(wg_n0, tile_n)
                         plgpu.wgmma(accs[0], a, bg_smem.at[slot, :, cols])
                         plgpu.wgmma(accs[1], a, bu_smem.at[slot, :, cols])
-                        # The slot may be refilled only after the wgmmas reading it are done.
-                        plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(consumed.at[slot])
+                        # A slot may be refilled only after the wgmmas reading it are done.
+                        release_done_slot(consumed, carry, ki, steps, in_flight, groups=2)
                         return accs
 
                     lax.fori_loop(0, k_iters, step_fn, (acc_g, acc_u))
+                    release_last_slot(consumed, carry, k_iters, steps, in_flight)
                     return acc_g[...], acc_u[...]
 
                 acc_shape = plgpu.ACC((tile_m, tile_n), jnp.float32)

@@ -44,6 +44,9 @@ class TuningConfig:
     The CTA tile doubles along `wg_dimension` (two MMA warpgroups). With `cluster_dimension`
     two CTAs of a cluster take neighbouring tiles along it and share the other operand's
     tile (along N: the x tile), each loading half of it, multicast to both.
+    `wgmma_in_flight` = 1 leaves one K step's wgmmas running while the next is issued and
+    releases each pipeline slot a step late, so the tensor cores never wait for the
+    issuing warps (one slot fewer for the TMA to run ahead); 0 waits every step.
     """
 
     tile_m: int = 128
@@ -56,6 +59,7 @@ class TuningConfig:
     grid_tile_width: int = 1
     wg_dimension: MatmulDimension = MatmulDimension.N
     cluster_dimension: MatmulDimension | None = None
+    wgmma_in_flight: int = 0
 
     @property
     def cta_tile_m(self) -> int:
@@ -143,6 +147,8 @@ def check_shapes(
         raise Unsupported(
             f"tile_n={config.tile_n} must be a multiple of epi_tile_n={config.epi_tile_n}"
         )
+    if config.wgmma_in_flight not in (0, 1):
+        raise Unsupported(f"wgmma_in_flight={config.wgmma_in_flight} must be 0 or 1")
     if config.tile_n % 64 or config.tile_n > 256:
         raise Unsupported(f"tile_n={config.tile_n} must be a multiple of 64 and <= 256")
     if config.cluster_dimension == MatmulDimension.M and pl.cdiv(m, config.cta_tile_m) % 2:

@@ -78,6 +78,28 @@ def drain_releases(barriers, total: Array, depth: int) -> None:
         plgpu.barrier_wait(barriers.at[lax.rem(i, depth)])
 
 
+def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: int,
+                      groups: int = 1) -> None:
+    """After K step `ki`'s wgmmas (`groups` of them) are issued: wait until at most
+    `in_flight` steps' wgmmas still run, then release the slot of the step that finished
+    (this one, or with one in flight the one before)."""
+    plgpu.wgmma_wait(in_flight * groups)
+    if not in_flight:
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki, steps)])
+        return
+
+    @pl.when(ki > 0)
+    def _():
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki - 1, steps)])
+
+
+def release_last_slot(consumed, carry: Array, k_iters: int, steps: int, in_flight: int) -> None:
+    """After a tile's K-loop: with a step in flight, finish it and release its slot."""
+    if in_flight:
+        plgpu.wgmma_wait(0)
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + k_iters - 1, steps)])
+
+
 def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
     """SMEM tile with the widest swizzle that `width` columns allow (what wgmma and TMA want)."""
     swizzle = plgpu.find_swizzle(width * jnp.dtype(dtype).itemsize * 8)
@@ -117,6 +139,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     weights_n = [w.shape[1] for w in w_gmems]
     steps = config.max_concurrent_steps
     num_mma_wgs, memory_wg = 2, 2
+    in_flight = config.wgmma_in_flight
     num_vectors = len(row_names) + len(col_names)
     wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
 
@@ -262,12 +285,12 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                             a_smem.at[slot, pl.ds(wg_m0, tile_m)],
                             b_smem.at[slot, :, pl.ds(wg_n0, tile_n)],
                         )
-                        # The slot may be refilled only after the wgmma reading it is done.
-                        plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(consumed.at[slot])
+                        # A slot may be refilled only after the wgmma reading it is done.
+                        release_done_slot(consumed, carry, ki, steps, in_flight)
                         return acc_ref
 
                     lax.fori_loop(0, k_iters, step_fn, acc_ref)
+                    release_last_slot(consumed, carry, k_iters, steps, in_flight)
                     return acc_ref[...]
 
                 residual = None

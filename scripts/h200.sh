@@ -21,6 +21,8 @@
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
+#   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
+#     # the GEMM table re-measured with a wgmma step in flight, then its kernels checked and timed
 # Each stage has its own time limit; one that overruns is stopped and the rest
 # still run. Logs and bench results go into one tarball in $OUT (the device
 # returns at most 8 files), with a summary of every stage's tail.
@@ -98,6 +100,13 @@ for name in "$@"; do
       stage backward_table 30 python3 -m bench.norm_backward --write-table \
         "$WORK/norm_backward/norm-backward.json" --run-commit "${RUN_COMMIT:-unknown}"
       cp jaxnorm/backends/norm_backward_measured.py "$WORK/" ;;
+    gemm-table)  # issue 17: each preset shape's table config against one wgmma step in flight
+      stage gemm_sweep "${SWEEP_LIMIT:-260}" python3 -m bench.gemm_sweep --around-table \
+        --budget-s $(( ${SWEEP_LIMIT:-260} - 25 )) --out "$WORK/gemm_sweep"
+      stage gemm_table 30 python3 -m bench.gemm_sweep --write-table "$WORK/gemm_sweep/gemm_sweep.json"
+      cp pallas_kernels/gemm_configs.py "$WORK/" ;;
+    gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench --out "$WORK/gated" ;;
+    residual-gemm) bench residual_gemm "${RESIDUAL_LIMIT:-100}" --suite residual-gemm ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;
     parity)  # issue 18: 256 greedy tokens through the kernels, Llama- and Qwen3-shaped

@@ -8,6 +8,8 @@ is set through an abstract mesh (H200: 132).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -32,6 +34,10 @@ def _variants(m: int, k: int, n: int) -> dict:
     cfg = lz.default_config(m, k, [n, n // 2])
     return {
         "plain": (lambda x, w: pm.plain_matmul(x, w), (x, w)),
+        "plain_wgmma_in_flight": (
+            lambda x, w: pm.plain_matmul(
+                x, w, config=dataclasses.replace(lz.default_config(m, k, [n]), wgmma_in_flight=1)),
+            (x, w)),
         "rms_a_bias": (lambda x, w, b: lz.lazy_rms_matmul(x, [w], biases=[b], config=cfg),
                        (x, w, b)),
         "rms_a_gain_two_weights": (

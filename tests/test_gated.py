@@ -77,7 +77,8 @@ def test_interpreted_kernel_matches_float64(case, rng):
 @pytest.mark.parametrize("config", [
     TuningConfig(tile_m=128, tile_n=64, max_concurrent_steps=3, epi_tile_n=32),
     TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2, wg_dimension=MatmulDimension.M),
-], ids=["tile_m128", "wg_along_M"])
+    TuningConfig(tile_m=128, tile_n=64, max_concurrent_steps=3, epi_tile_n=32, wgmma_in_flight=1),
+], ids=["tile_m128", "wg_along_M", "wgmma_in_flight"])
 def test_kernel_configs(config, rng):
     """The 128-row tile (two 64-column accumulators per warpgroup) and warpgroups split along M,
     over several tiles per CTA (the interpreter runs 4 CTAs)."""

@@ -53,6 +53,8 @@ PLAIN_CASES = {
     # w tile shared, 256x128 CTA tiles, M = 1000 (4 row tiles, the last ragged).
     "along_M_wg_split_M": (M, 1000, 384, dict(wg_dimension=M)),
     "along_M_64x256": (M, 512, 256, dict(tile_m=64, tile_n=256, wg_dimension=M)),
+    # Slots released a step late into the cluster barrier both CTAs' consumers arrive on.
+    "along_N_wgmma_in_flight": (N, 520, 512, dict(wgmma_in_flight=1)),
 }
 
 

@@ -130,3 +130,26 @@ def test_lookup_drops_a_cluster_where_tiles_do_not_pair_up(monkeypatch):
     assert gemm_config.default_config(8192, 4096, (4096, 1024, 1024)) == clustered  # 24 N tiles
     odd = gemm_config.default_config(8192, 4096, (5888,))  # 23 N tiles of 256
     assert odd == dataclasses.replace(clustered, cluster_dimension=None)
+
+
+def test_around_table_times_each_pick_and_its_in_flight_variants(tmp_path):
+    doc = _run(tmp_path, "--shapes", "128x64x512,64x64x128", "--around-table")
+    for row in doc["shapes"]:
+        m, k, n = row["shape"]
+        pick = gemm_config.default_config(m, k, (n,))
+        expected = {gemm_candidates.name(c)
+                    for c in [pick, *gemm_candidates.in_flight_variants(pick)]}
+        assert set(row["results"]) == expected and row["status"] == "timed", row
+        assert any(name.endswith("_f1") for name in expected)
+        for result in row["results"].values():
+            assert result["status"] == "ok" and result["rel_error"] <= gemm_sweep.REL_TOL
+    assert "carried_configs" not in doc["meta"]
+
+
+def test_in_flight_variants_fit_and_keep_the_tiles():
+    for config in gemm_candidates.screen():
+        variants = gemm_candidates.in_flight_variants(config)
+        assert variants and all(v.wgmma_in_flight == 1 and gemm_candidates.fits(v)
+                                for v in variants)
+        assert all((v.tile_m, v.tile_n, v.cluster_dimension)
+                   == (config.tile_m, config.tile_n, config.cluster_dimension) for v in variants)

@@ -134,6 +134,8 @@ def test_row_statistics_need_whole_warpgroup_tiles(request):
         (1, None),  # decode, warpgroups split along M (few N tiles)
         (16, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3)),  # along N
         (100, None),  # rows padded to 104 for TMA
+        # One wgmma step in flight, two slots: each released a step late, across tiles.
+        (300, gemm_config.TuningConfig(max_concurrent_steps=2, wgmma_in_flight=1)),
     ],
 )
 def test_plain_matmul(m, config, request):
@@ -199,3 +201,9 @@ def test_default_config_is_valid(m, ns):
     assert gemm_config.smem_bytes(config, 2) <= hardware.SMEM_BYTES_PER_CTA
     if m <= 64:
         assert config.tile_m == 64  # the decode config
+
+
+def test_wgmma_in_flight_is_zero_or_one():
+    x, w = jax.ShapeDtypeStruct((128, 128), BF16), jax.ShapeDtypeStruct((128, 128), BF16)
+    with pytest.raises(Unsupported, match="wgmma_in_flight=2 must be 0 or 1"):
+        gemm_config.check_shapes(x, [w], gemm_config.TuningConfig(wgmma_in_flight=2))

@@ -8,6 +8,7 @@ pieces, several row blocks, M not a multiple of the tile, LayerNorm-like rows wi
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import jax
@@ -54,8 +55,9 @@ def _run(inputs, config):
     (200, 64, 256, STACKED, True, 1e3),
     (16, 128, 256, None, True, 0.0),
     (300, 64, 128, None, True, 0.0),
+    (200, 128, 512, dataclasses.replace(PIECES, wgmma_in_flight=1), True, 0.0),
 ], ids=["pieces_two_n_tiles", "pieces_mean_1e3", "stacked_mean_1e3", "decode_default",
-        "default_three_row_blocks"])
+        "default_three_row_blocks", "wgmma_in_flight"])
 def test_residual_kernel_matches_float64(case, request):
     m, k, n, config, bias, mean_ratio = case
     inputs = residual_inputs(_rng(request), (m,), k, n, bias=bias, mean_ratio=mean_ratio)
