@@ -21,8 +21,9 @@ from pallas_kernels import gemm_configs, hardware
 from pallas_kernels.errors import Unsupported
 
 Array = jax.Array
-# Output staging slots per MMA warpgroup with a residual: one storing, one computing, one
-# loading the residual of a later piece (`pallas_kernels.gemm_epilogue.ResidualPieces`).
+# Output staging slots per MMA warpgroup with a residual, at least: one storing, one
+# computing, one loading the residual of a later piece (a ring;
+# `pallas_kernels.gemm_epilogue.ResidualPieces`). More where SMEM holds them: `residual_slots`.
 RESIDUAL_SLOTS = 3
 
 
@@ -215,18 +216,31 @@ _CANDIDATES = (
 )
 
 
-def smem_bytes(config: TuningConfig, itemsize: int, residual: bool = False) -> int:
-    """Upper bound of the kernel's SMEM: pipeline slots, output staging (three slots
-    with a residual), and the largest set of epilogue vectors (row scale and shift,
-    column sums and bias, row statistics out), plus barriers. (The vectors' term still
-    counts the rows of the retired statistics warpgroup: the bound, and so every pick,
-    is as measured.)"""
+def smem_bytes(config: TuningConfig, itemsize: int, residual: bool = False, *,
+               staging_slots: int | None = None) -> int:
+    """Upper bound of the kernel's SMEM: pipeline slots, output staging (`staging_slots` per
+    MMA warpgroup; by default two, three with a residual), and the largest set of epilogue
+    vectors (row scale and shift, column sums and bias, row statistics out), plus barriers.
+    (The vectors' term still counts the rows of the retired statistics warpgroup: the
+    bound, and so every pick, is as measured.)"""
     stage = (config.cta_tile_m + config.cta_tile_n) * config.tile_k * itemsize
-    slots = RESIDUAL_SLOTS if residual else 2
+    slots = staging_slots or (RESIDUAL_SLOTS if residual else 2)
     out = 2 * slots * config.epi_tile_m * config.epi_tile_n * itemsize
     vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
                    + 2 * 2 * config.tile_m)
     return stage * config.max_concurrent_steps + out + vectors + 512
+
+
+def residual_slots(config: TuningConfig, itemsize: int) -> int:
+    """Output staging slots per MMA warpgroup with a residual: one per epilogue piece of the
+    warpgroup tile where SMEM holds them, so every residual piece is loaded before the
+    K-loop and lands behind it; else a ring of RESIDUAL_SLOTS, where a piece's residual is
+    loaded while the pieces before it are computed and can keep the epilogue waiting."""
+    pieces = (config.tile_m // config.epi_tile_m) * (config.tile_n // config.epi_tile_n)
+    if pieces > RESIDUAL_SLOTS and (smem_bytes(config, itemsize, staging_slots=pieces)
+                                    <= hardware.SMEM_BYTES_PER_CTA):
+        return pieces
+    return RESIDUAL_SLOTS
 
 
 def _fit_smem(config: TuningConfig, itemsize: int, max_steps: int) -> TuningConfig:

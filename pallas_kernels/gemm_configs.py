@@ -7,53 +7,129 @@ modelled pick elsewhere and while the table is empty. Regenerate rather than edi
 
 # The sweep: command, UTC date, GPU, its SM count, commit.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.gemm_sweep --out /root/out/sweep --budget-s 400',
-    'date': '2026-12-01T15:13:10+00:00',
+    'command': 'python -m bench.gemm_sweep --around-table --budget-s 215 --out /tmp/h200/gemm_sweep',
+    'date': '2026-12-04T12:12:10+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '6d23f88',
+    'commit': '3b18c7c',
 }
 
 # ((M, K, N), TuningConfig fields): each shape's fastest config in the sweep.
 ENTRIES: tuple[tuple[tuple[int, int, int], dict[str, int | str]], ...] = (
-    ((8192, 4096, 6144),  # 1.012x cuBLAS
+    ((8192, 4096, 6144),  # 1.004x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 4096, 4096),  # 0.995x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 4096, 4096),  # 0.986x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 4096, 28672),  # 0.887x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 4096, 28672),  # 0.940x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 64, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 14336, 4096),  # 0.951x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 14336, 4096),  # 0.974x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
       'epi_tile_n': 32, 'grid_minor_dim': 'N', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': 'M'}),
-    ((8192, 2048, 3072),  # 1.002x cuBLAS
+      'cluster_dimension': 'M', 'wgmma_in_flight': 0}),
+    ((8192, 2048, 3072),  # 0.998x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 2048, 2048),  # 1.001x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 2048, 2048),  # 1.000x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 2048, 16384),  # 1.018x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 2048, 16384),  # 1.021x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 8192, 2048),  # 0.972x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 8192, 2048),  # 1.003x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 1024, 4096),  # 1.027x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((8192, 1024, 4096),  # 1.030x cuBLAS
      {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
       'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
-      'cluster_dimension': None}),
-    ((8192, 2048, 1024),  # 1.018x cuBLAS
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((8192, 2048, 1024),  # 1.005x cuBLAS
      {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
       'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
-      'cluster_dimension': None}),
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 1024, 6144),  # 1.041x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 3072, 1024),  # 0.995x cuBLAS
+     {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((8192, 2560, 6144),  # 1.014x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 4096, 2560),  # 0.988x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 2560, 19456),  # 0.980x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((8192, 9728, 2560),  # 1.004x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((4096, 4096, 6144),  # 0.980x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 4096, 4096),  # 0.997x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 4096, 28672),  # 0.987x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 64, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 14336, 4096),  # 1.014x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'N', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': 'M', 'wgmma_in_flight': 1}),
+    ((4096, 2048, 3072),  # 1.001x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 2048, 2048),  # 0.998x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 2048, 16384),  # 1.010x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 8192, 2048),  # 0.975x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((4096, 1024, 4096),  # 1.027x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 128, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 2048, 1024),  # 0.935x cuBLAS
+     {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
+    ((4096, 1024, 6144),  # 1.066x cuBLAS
+     {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 3072, 1024),  # 0.914x cuBLAS
+     {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 2560, 6144),  # 1.009x cuBLAS
+     {'tile_m': 128, 'tile_n': 128, 'tile_k': 64, 'max_concurrent_steps': 4, 'epi_tile_m': 64,
+      'epi_tile_n': 32, 'grid_minor_dim': 'M', 'grid_tile_width': 8, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 1}),
 )

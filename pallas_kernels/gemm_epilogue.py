@@ -9,8 +9,9 @@ two-pass in registers per piece, pieces combined by Chan's formula (static count
 A bare sum of squares would lose a LayerNorm row's variance to cancellation when
 |mean| >> std; M2 keeps it (docs/design.md, statistics from the producer).
 
-The residual (an [M, N] array of the output's dtype) arrives by TMA into a
-three-slot ring per warpgroup that also stages y (`ResidualPieces`).
+The residual (an [M, N] array of the output's dtype) arrives by TMA into staging slots
+per warpgroup that also stage y (`ResidualPieces`): one per piece where SMEM holds them,
+else a three-slot ring.
 """
 
 from __future__ import annotations
@@ -21,28 +22,33 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.gemm_config import RESIDUAL_SLOTS, TuningConfig
+from pallas_kernels.gemm_config import TuningConfig
 
 Array = jax.Array
 
 
 class ResidualPieces:
-    """The residual's epilogue pieces of one warpgroup tile, TMA-loaded into the staging ring.
+    """The residual's epilogue pieces of one warpgroup tile, TMA-loaded into `slots`
+    staging slots (`gemm_config.residual_slots`).
 
-    Piece p (row-major over the tile's epi_m x epi_n pieces) lands in slot p % 3, where
-    its y is written and stored from. Pieces 0 and 1 are loaded before the K-loop, so
-    they land behind it; piece p + 2 is loaded once the store of piece p - 1 (its slot)
-    has read the slot, and lands behind pieces p and p + 1.
+    Piece p (row-major over the tile's epi_m x epi_n pieces) lands in slot p % slots,
+    where its y is written and stored from. With a slot per piece every piece is loaded
+    before the K-loop and lands behind it. In a ring (slots < pieces) the first
+    slots - 1 are; piece p + slots - 1 is loaded once the store of piece p - 1 (its slot)
+    has read the slot, and lands behind the pieces in between.
     """
 
-    def __init__(self, gmem, ring, ready, wg_idx, config: TuningConfig, *, row0, col0):
+    def __init__(self, gmem, ring, ready, wg_idx, config: TuningConfig, *, slots: int, row0,
+                 col0):
         self.gmem, self.ring, self.ready, self.wg_idx = gmem, ring, ready, wg_idx
-        self.config, self.row0, self.col0 = config, row0, col0
+        self.config, self.slots, self.row0, self.col0 = config, slots, row0, col0
         self.n_pieces = config.tile_n // config.epi_tile_n
         self.pieces = config.tile_m // config.epi_tile_m * self.n_pieces
+        # Pieces loaded ahead of the one being computed.
+        self.ahead = self.pieces if slots >= self.pieces else slots - 1
 
     def _barrier(self, slot: int):
-        return self.ready.at[self.wg_idx * RESIDUAL_SLOTS + slot]
+        return self.ready.at[self.wg_idx * self.slots + slot]
 
     def load(self, p: int) -> None:
         epi_m, epi_n = self.config.epi_tile_m, self.config.epi_tile_n
@@ -50,26 +56,27 @@ class ResidualPieces:
         rows, cols = pl.ds(self.row0 + mi * epi_m, epi_m), pl.ds(self.col0 + ni * epi_n, epi_n)
         plgpu.copy_gmem_to_smem(
             self.gmem.at[rows, cols],
-            self.ring.at[p % RESIDUAL_SLOTS],
-            self._barrier(p % RESIDUAL_SLOTS),
+            self.ring.at[p % self.slots],
+            self._barrier(p % self.slots),
         )
 
     def prefetch(self) -> None:
-        # The previous tile's stores (and its row statistics) must be done reading the ring.
+        # The previous tile's stores (and its row statistics) must be done reading the slots.
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        for p in range(min(2, self.pieces)):
+        for p in range(self.ahead):
             self.load(p)
 
     def add_to(self, y: Array, p: int) -> Array:
-        plgpu.barrier_wait(self._barrier(p % RESIDUAL_SLOTS))
-        r = plgpu.load(self.ring.at[p % RESIDUAL_SLOTS], layout=plgpu.Layout.WGMMA)
+        plgpu.barrier_wait(self._barrier(p % self.slots))
+        r = plgpu.load(self.ring.at[p % self.slots], layout=plgpu.Layout.WGMMA)
         return y + r.astype(jnp.float32)
 
     def after_store(self, p: int) -> None:
-        if p + 2 < self.pieces:
-            # Slot (p + 2) % 3 last held piece p - 1: its store must have read it.
+        if p + self.ahead < self.pieces:
+            # In the ring, slot (p + slots - 1) % slots last held piece p - 1: its store
+            # must have read it.
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            self.load(p + 2)
+            self.load(p + self.ahead)
 
 
 def piece_stats(y: Array) -> tuple[Array, Array]:
@@ -113,7 +120,7 @@ def epilogue(
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     col_layout = plgpu.Layout.WGMMA.reduce(0)
     n_pieces = tile_n // epi_n
-    slots = RESIDUAL_SLOTS if residual is not None else 2
+    slots = residual.slots if residual is not None else 2
     if residual is None:
         # Drain any store still reading out_smem (or the row statistics) from the previous
         # tile (with a residual, its prefetch did).

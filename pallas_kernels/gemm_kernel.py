@@ -41,8 +41,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import hardware
-from pallas_kernels.gemm_config import (RESIDUAL_SLOTS, Epilogue, MatmulDimension, TuningConfig,
-                                        check_epilogue, check_shapes, padded_rows)
+from pallas_kernels.gemm_config import (Epilogue, MatmulDimension, TuningConfig, check_epilogue,
+                                        check_shapes, padded_rows, residual_slots)
 from pallas_kernels.gemm_epilogue import ResidualPieces
 from pallas_kernels.gemm_epilogue import epilogue as _epilogue
 from pallas_kernels.padding import crop_rows, pad_rows
@@ -140,6 +140,8 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     steps = config.max_concurrent_steps
     num_mma_wgs, memory_wg = 2, 2
     in_flight = config.wgmma_in_flight
+    staging_slots = (residual_slots(config, jnp.dtype(dtype).itemsize) if epilogue.residual
+                     else 2)
     num_vectors = len(row_names) + len(col_names)
     wg_parts = cta_tile_n // tile_n  # row-statistics parts per CTA tile
 
@@ -168,11 +170,9 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
         # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
         b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
-        # Output staging; with a residual, a ring that each piece's residual lands in by TMA
-        # and its y leaves from (`RESIDUAL_SLOTS`).
-        out_smem=_swizzled(
-            (num_mma_wgs, RESIDUAL_SLOTS if epilogue.residual else 2, epi_m, epi_n), out_dtype,
-            epi_n),
+        # Output staging; with a residual, the slots each piece's residual lands in by TMA
+        # and its y leaves from (`gemm_config.residual_slots`).
+        out_smem=_swizzled((num_mma_wgs, staging_slots, epi_m, epi_n), out_dtype, epi_n),
         # Two TMA copies (A and B) arrive on each produced barrier.
         produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
         consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
@@ -191,7 +191,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     if stats_out_gmems is not None:
         scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
     if residual_gmem is not None:
-        scratch["residual_ready"] = plgpu.Barrier(num_barriers=num_mma_wgs * RESIDUAL_SLOTS)
+        scratch["residual_ready"] = plgpu.Barrier(num_barriers=num_mma_wgs * staging_slots)
 
     def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
              vec_ready=None, vec_free=None, stats_out_smem=None, residual_ready=None):
@@ -297,7 +297,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 if residual_gmem is not None:
                     residual = ResidualPieces(
                         residual_gmem, out_smem.at[wg_idx], residual_ready, wg_idx, config,
-                        row0=m_idx * cta_tile_m + wg_m0, col0=n_idx * cta_tile_n + wg_n0)
+                        slots=staging_slots, row0=m_idx * cta_tile_m + wg_m0, col0=n_idx * cta_tile_n + wg_n0)
                     residual.prefetch()
                 acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
