@@ -122,7 +122,7 @@ for name in "$@"; do
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \
-        bench/gpu/variant_probe.py --model "${MODEL:-qwen3-0.6b}" --phase "${PHASE:-train}" \
+        bench/gpu/variant_probe.py --model "${MODEL:-qwen3-0.6b}" --phase "${PHASE:-train}" ${ROUNDS:+--rounds "$ROUNDS"} \
         ${VARIANTS:+--variants "$VARIANTS"} ${DETAIL:+--detail} --out "$WORK/probe" ;;
     backward-probes)  # training steps with RMSNorm's backward kernel, the 1B-class presets
       for model in ${MODELS:-qwen3-0.6b llama3.2-1b gemma3-1b}; do

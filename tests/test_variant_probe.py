@@ -48,6 +48,23 @@ def test_norm_backward_kernel_variant_takes_the_kernel_only_while_tracing():
 
     seen = []
     variant_probe.traced_with(lambda: seen.append(choice()),
-                              variant_probe._norm_backward_everywhere)()
+                              lambda: variant_probe._kernel_everywhere("rms_norm_backward"))()
     assert seen == ["mosaic"]
     assert choice() == "xla"  # the measured table (empty) decides again
+
+
+def test_residual_gemm_variant_takes_the_kernel_only_while_tracing():
+    import jax.numpy as jnp
+    from pallas_kernels import hardware
+
+    x, w = jnp.ones((2048, 1024), jnp.bfloat16), jnp.ones((1024, 1024), jnp.bfloat16)
+
+    def choice() -> str:
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            return dispatch.resolve("residual_dense", None, x, w, None, x)
+
+    seen = []
+    variant_probe.traced_with(lambda: seen.append(choice()),
+                              lambda: variant_probe._kernel_everywhere("residual_dense"))()
+    assert seen == ["mosaic"]
+    assert choice() == "xla"

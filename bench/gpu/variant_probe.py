@@ -9,7 +9,10 @@ measured in interleaved rounds, to take jaxnorm's model apart:
   (as on a GPU without Mosaic kernels): its graph without any kernel forward;
 - "norm backward kernel": jaxnorm's model with RMSNorm's backward kernel taken wherever it
   serves the rows (pallas_kernels/rms_norm_backward.py), as if its measured table
-  (jaxnorm/backends/norm_backward_measured.py) had it faster at every training shape.
+  (jaxnorm/backends/norm_backward_measured.py) had it faster at every training shape;
+- "residual GEMM": jaxnorm's model with the residual GEMM (`jaxnorm.residual_dense`:
+  o- and down-projection plus the residual, the sum's row statistics in its epilogue)
+  taken wherever it serves the rows, as if it had measured faster than XLA everywhere.
 
 With --detail, round 1 writes each variant's kernels by name and optimized HLO, for
 `python -m bench.kernel_diff DIR A B --model M`. Usage:
@@ -32,8 +35,8 @@ from bench import model_suite, timing
 from jaxnorm import dispatch, models
 from jaxnorm.models import layers
 
-EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel")
-BACKWARD_OP = "rms_norm_backward"
+EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
+         "residual GEMM")
 
 
 @contextlib.contextmanager
@@ -56,14 +59,15 @@ def traced_with(fn: Callable, context: Callable[[], contextlib.AbstractContextMa
 
 
 @contextlib.contextmanager
-def _norm_backward_everywhere() -> Iterator[None]:
-    """Automatic dispatch taking RMSNorm's backward kernel at every shape it serves."""
+def _kernel_everywhere(op: str) -> Iterator[None]:
+    """Automatic dispatch taking `op`'s kernel at every shape it serves (its decline rule
+    lifted)."""
     dispatch._load_mosaic_backends()
-    rule = dispatch._DECLINE_AUTO.pop(BACKWARD_OP)
+    rule = dispatch._DECLINE_AUTO.pop(op)
     try:
         yield
     finally:
-        dispatch._DECLINE_AUTO[BACKWARD_OP] = rule
+        dispatch._DECLINE_AUTO[op] = rule
 
 
 def with_stock_qk_norms(stock: nnx.Module) -> nnx.Module:
@@ -82,7 +86,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     unfused = lambda: _patched(layers, "fuses_attention_input", lambda cfg: False)
     declined = lambda: _patched(dispatch, "hopper_or_newer", lambda: False)
     contexts = {"unfused attention input": unfused, "kernels declined": declined,
-                "norm backward kernel": _norm_backward_everywhere}
+                "norm backward kernel": lambda: _kernel_everywhere("rms_norm_backward"),
+                "residual GEMM": lambda: _kernel_everywhere("residual_dense")}
     out = {}
     for label in labels:
         if label == "stock QK-norm":
