@@ -26,6 +26,10 @@ Pruning (the full product of the knobs is ~300 configs per shape, ~1.5 s each; `
 3. Every other shape: its `default_config` and the `top_k` best configs of steps 1-2.
 That is 3 x (25 + 8) + 29 x 4 configs: ~6 minutes on an H200 at 1.5 s a config.
 
+`--screen-all` screens (and refines) every listed shape, not only the screen shapes: for a few
+shapes the table's picks lose at. `--write-table` takes several sweeps' JSON; a shape in more
+than one takes the last run's best.
+
 `--around-table` skips steps 1-3: every shape times its `default_config` (the table's pick)
 and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
 knob the table's sweep did not have: 3 configs a shape, all 32 shapes in ~4 minutes.
@@ -93,6 +97,7 @@ class Plan:
     interpret: bool = False
     clusters: bool = True  # screen 2-CTA clusters too
     around_table: bool = False  # only each shape's table pick and its in-flight variants
+    screen_all: bool = False  # every shape is a screen shape
 
 
 # CPU: the interpreter at tiny shapes, two screen configs (the second clustered), one refined,
@@ -121,12 +126,15 @@ def _args() -> argparse.ArgumentParser:
     p.add_argument("--shapes", type=_parse_shapes, help="comma-separated MxKxN (default: presets)")
     p.add_argument("--quick", action="store_true",
                    help="CPU check of the code path: interpreter, tiny shapes, two configs")
+    p.add_argument("--screen-all", action="store_true",
+                   help="screen and refine every listed shape (default: the screen shapes only)")
     p.add_argument("--around-table", action="store_true",
                    help="each shape's table config and its wgmma-in-flight variants, no screen")
     p.add_argument("--no-cluster", action="store_true",
                    help="leave 2-CTA clusters out of the screen (should one hang the GPU)")
-    p.add_argument("--write-table", metavar="RESULTS_JSON",
-                   help="turn a sweep's JSON into pallas_kernels/gemm_configs.py and exit")
+    p.add_argument("--write-table", metavar="RESULTS_JSON", nargs="+", type=Path,
+                   help="turn sweeps' JSON (later runs override a shape) into "
+                        "pallas_kernels/gemm_configs.py and exit")
     p.add_argument("--table-out", default=str(TABLE_PATH), help="where --write-table writes")
     return p
 
@@ -136,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_table:
         from bench import gemm_table_writer
 
-        print(gemm_table_writer.write_table(Path(args.write_table), Path(args.table_out)))
+        print(gemm_table_writer.write_table(args.write_table, Path(args.table_out)))
         return 0
     if args.quick:
         from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
@@ -153,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sms=getattr(device, "core_count", None), jax=jax.__version__,
                 budget_s=args.budget_s, quick=args.quick, rel_tol=REL_TOL)
     plan = dataclasses.replace(QUICK_PLAN if args.quick else Plan(), clusters=not args.no_cluster,
-                               around_table=args.around_table)
+                               around_table=args.around_table, screen_all=args.screen_all)
     Sweep(out=out, budget_s=args.budget_s, plan=plan, meta=meta, shapes=shapes).run()
     print(out / JSON_NAME)
     print(out / MD_NAME)
@@ -219,7 +227,8 @@ class Sweep:
                 self.visit((m, k, n), candidates.in_flight_variants(default_config(m, k, (n,))))
             self.write()
             return
-        screen = [s for s in self.shapes if s in self.plan.screen_shapes] or list(self.shapes[:1])
+        screen = ([s for s in self.shapes if self.plan.screen_all or s in self.plan.screen_shapes]
+                  or list(self.shapes[:1]))
         screen_list = candidates.screen(self.plan.clusters)[: self.plan.max_screen]
         for shape in screen:
             self.visit(shape, screen_list)

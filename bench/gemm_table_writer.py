@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +20,41 @@ def module_header(docstring: str | None, comment: str, provenance: dict[str, Any
     return lines + ["}", ""]
 
 
-def table_source(doc: dict[str, Any]) -> str:
-    """The module's text: provenance from the sweep's meta, one entry per measured shape."""
-    meta = doc["meta"]
-    if meta.get("quick") or meta.get("platform") != "gpu":
-        raise ValueError(f"results: a table needs a GPU sweep, not {meta.get('platform')!r}"
-                         f"{' (--quick)' if meta.get('quick') else ''}")
-    provenance = {key: meta.get(key) for key in ("command", "date", "device", "sms", "commit")}
+def table_source(docs: Sequence[dict[str, Any]]) -> str:
+    """The module's text: provenance from the sweeps' meta, one entry per measured shape
+    (a shape several sweeps measured takes the last one's best)."""
+    for doc in docs:
+        meta = doc["meta"]
+        if meta.get("quick") or meta.get("platform") != "gpu":
+            raise ValueError(f"results: a table needs a GPU sweep, not {meta.get('platform')!r}"
+                             f"{' (--quick)' if meta.get('quick') else ''}")
+    metas = [doc["meta"] for doc in docs]
+    provenance = {key: "; ".join(str(m.get(key)) for m in metas)
+                  for key in ("command", "date", "device", "commit")}
+    provenance["date"] = max(m["date"] for m in metas)
+    provenance["device"] = metas[-1]["device"]
+    provenance["sms"] = metas[-1]["sms"]
+    if len({m["sms"] for m in metas}) > 1:
+        raise ValueError("results: sweeps on GPUs with different SM counts")
     lines = module_header(gemm_configs.__doc__,
-                          "The sweep: command, UTC date, GPU, its SM count, commit.", provenance)
+                          "The sweeps: commands, UTC date of the last, GPU, its SM count, "
+                          "commits.", provenance)
     lines += ["# ((M, K, N), TuningConfig fields): each shape's fastest config in the sweep.",
               "ENTRIES: tuple[tuple[tuple[int, int, int], dict[str, int | str]], ...] = ("]
-    for row in doc["shapes"]:
-        if "best" not in row:
-            continue
-        fields = textwrap.wrap(repr(doc["configs"][row["best"]]), 90)
-        lines.append(f"    ({tuple(row['shape'])!r},  # {row['ratio']:.3f}x cuBLAS")
+    best: dict[tuple[int, ...], tuple[dict[str, Any], float]] = {}
+    for doc in docs:
+        for row in doc["shapes"]:
+            if "best" in row:
+                best[tuple(row["shape"])] = doc["configs"][row["best"]], row["ratio"]
+    for shape, (config, ratio) in best.items():
+        fields = textwrap.wrap(repr(config), 90)
+        lines.append(f"    ({shape!r},  # {ratio:.3f}x cuBLAS")
         lines += [f"     {fields[0]}", *(f"      {line}" for line in fields[1:])]
         lines[-1] += "),"
     lines.append(")")
     return "\n".join(lines) + "\n"
 
 
-def write_table(results: Path, table: Path) -> Path:
-    table.write_text(table_source(json.loads(results.read_text())))
+def write_table(results: Sequence[Path], table: Path) -> Path:
+    table.write_text(table_source([json.loads(path.read_text()) for path in results]))
     return table

@@ -105,6 +105,13 @@ for name in "$@"; do
         --budget-s $(( ${SWEEP_LIMIT:-260} - 25 )) --out "$WORK/gemm_sweep"
       stage gemm_table 30 python3 -m bench.gemm_sweep --write-table "$WORK/gemm_sweep/gemm_sweep.json"
       cp pallas_kernels/gemm_configs.py "$WORK/" ;;
+    gemm-screen)  # SHAPES=MxKxN,...: every screen config at the shapes the table loses at,
+                  # merged over SWEEP_PRIOR's sweeps into the table
+      stage gemm_screen "${SWEEP_LIMIT:-300}" python3 -m bench.gemm_sweep --screen-all \
+        --shapes "$SHAPES" --budget-s $(( ${SWEEP_LIMIT:-300} - 25 )) --out "$WORK/gemm_screen"
+      stage gemm_table 30 python3 -m bench.gemm_sweep --write-table ${SWEEP_PRIOR:-} \
+        "$WORK/gemm_screen/gemm_sweep.json"
+      cp pallas_kernels/gemm_configs.py "$WORK/" ;;
     gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench --out "$WORK/gated" ;;
     residual-gemm) bench residual_gemm "${RESIDUAL_LIMIT:-100}" --suite residual-gemm ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;

@@ -116,11 +116,33 @@ def test_written_table_is_what_default_config_looks_up(tmp_path, monkeypatch):
     assert lookup(4096, 1024, (2048,), itemsize=4) != picks["b"]  # measured in bf16
 
 
+def test_a_later_sweep_overrides_the_shapes_it_measured(tmp_path):
+    first, picks = _fixture_sweep()
+    later = json.loads(json.dumps(first))
+    later["meta"].update(command="python -m bench.gemm_sweep --screen-all", commit="def5678",
+                         date="2026-12-04T12:00:00+00:00")
+    later["shapes"] = [row for row in later["shapes"] if row["shape"] == [4096, 1024, 2048]]
+    (row,) = later["shapes"]
+    other = next(name for name in later["configs"] if name != row["best"])
+    row.update(best=other, ratio=0.95)
+    paths = [tmp_path / "first.json", tmp_path / "later.json"]
+    for path, doc in zip(paths, (first, later)):
+        path.write_text(json.dumps(doc))
+    assert gemm_sweep.main(["--write-table", *map(str, paths),
+                            "--table-out", str(tmp_path / "t.py")]) == 0
+    table = _load_table(tmp_path / "t.py")
+    entries = dict(table.ENTRIES)
+    assert config_from_fields(entries[(8192, 4096, 6144)]) == picks["a"]
+    assert entries[(4096, 1024, 2048)] == later["configs"][other]
+    assert table.PROVENANCE["commit"] == "abc1234; def5678"
+    assert table.PROVENANCE["date"] == "2026-12-04T12:00:00+00:00"
+
+
 def test_table_needs_a_gpu_sweep(tmp_path):
     doc, _ = _fixture_sweep()
     doc["meta"].update(platform="cpu", quick=True)
     with pytest.raises(ValueError, match="GPU sweep"):
-        gemm_table_writer.table_source(doc)
+        gemm_table_writer.table_source([doc])
 
 
 def test_lookup_drops_a_cluster_where_tiles_do_not_pair_up(monkeypatch):
@@ -153,3 +175,10 @@ def test_in_flight_variants_fit_and_keep_the_tiles():
                                 for v in variants)
         assert all((v.tile_m, v.tile_n, v.cluster_dimension)
                    == (config.tile_m, config.tile_n, config.cluster_dimension) for v in variants)
+
+
+def test_screen_all_screens_every_listed_shape(tmp_path):
+    doc = _run(tmp_path, "--shapes", "128x64x512,64x64x128", "--screen-all")
+    for row in doc["shapes"]:
+        assert row["status"] == "timed"
+        assert len(row["results"]) > 1 + gemm_sweep.QUICK_PLAN.max_screen, row["shape"]
