@@ -96,11 +96,11 @@ def layer_norm_dense(
 # measurements (CUPTI kernel time, bf16, against the stock norm then one dot per weight):
 # - M <= 512 with N <= 10240 in total: 1.06-1.97x the stock time
 #   (bench/results/2026-11-29-norm-gemm);
-# - N > 8192 in total: the GEMM dominates and the kernel's mainloop runs
-#   1.04-1.09x cuBLAS, more than the norm's saving: 8192x2048x(8192+8192) took
-#   738 us against 695 us, while 8192x2048x(2048+512+512) took 155 against 192
-#   and 8192x1024x(3072+3072) 154 against 209 (bench/results/2026-12-01-model,
-#   training-ops.json).
+# - N > 8192 in total: the GEMM dominates and the kernel loses more than the norm
+#   saves: 8192x2048x(8192+8192) took 738 us against 695 us, while
+#   8192x2048x(2048+512+512) took 155 against 192 and 8192x1024x(3072+3072) 154 against
+#   209 (bench/results/2026-12-01-model, training-ops.json). The plain GEMM core itself
+#   measured 1.01-1.02x cuBLAS at 2048 x 16384 (bench/results/2026-12-04-gemm-core).
 _MAX_TOTAL_N = 8192
 
 
@@ -113,7 +113,7 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
                 "impl='mosaic' forces it")
     if total_n > _MAX_TOTAL_N:
         return (f"N={total_n} in total > {_MAX_TOTAL_N}: the GEMM dominates and the kernel's "
-                "mainloop (1.04-1.09x cuBLAS) loses more than the norm saves; "
+                "mainloop (1.01-1.02x cuBLAS there) loses more than the norm saves; "
                 "impl='mosaic' forces it")
     return None
 
