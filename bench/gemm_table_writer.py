@@ -29,13 +29,12 @@ def table_source(docs: Sequence[dict[str, Any]]) -> str:
             raise ValueError(f"results: a table needs a GPU sweep, not {meta.get('platform')!r}"
                              f"{' (--quick)' if meta.get('quick') else ''}")
     metas = [doc["meta"] for doc in docs]
-    provenance = {key: "; ".join(str(m.get(key)) for m in metas)
-                  for key in ("command", "date", "device", "commit")}
-    provenance["date"] = max(m["date"] for m in metas)
-    provenance["device"] = metas[-1]["device"]
-    provenance["sms"] = metas[-1]["sms"]
     if len({m["sms"] for m in metas}) > 1:
         raise ValueError("results: sweeps on GPUs with different SM counts")
+    provenance = {"command": "; ".join(str(m.get("command")) for m in metas),
+                  "date": max(m["date"] for m in metas), "device": metas[-1]["device"],
+                  "sms": metas[-1]["sms"],
+                  "commit": "; ".join(str(m.get("commit")) for m in metas)}
     lines = module_header(gemm_configs.__doc__,
                           "The sweeps: commands, UTC date of the last, GPU, its SM count, "
                           "commits.", provenance)

@@ -44,7 +44,8 @@ from jax import lax
 
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
                                           units)
-from pallas_kernels.gemm_kernel import _swizzled, drain_releases, for_weight, grid_ctas
+from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, for_weight, grid_ctas,
+                                        release_done_slot, release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import round_up
 from pallas_kernels.row_stats import safe_rsqrt
@@ -274,19 +275,13 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
                         if in_kernel:
                             carry = carry[0], _add_squares(carry[1], a_smem.at[slot])
                         # The previous step's wgmmas are done: its slot may be refilled.
-                        plgpu.wgmma_wait(streams)
-
-                        @pl.when(j > 0)
-                        def _():
-                            plgpu.barrier_arrive(consumed.at[lax.rem(step0 + j - 1, stages)])
-
+                        release_done_slot(consumed, step0, j, stages, 1, groups=streams)
                         return carry
 
                     init = ((acc_refs, jnp.zeros((MAX_ROWS, tile_k), jnp.float32)) if in_kernel
                             else acc_refs)
                     carry = lax.fori_loop(0, k_steps, step_fn, init)
-                    plgpu.wgmma_wait(0)
-                    plgpu.barrier_arrive(consumed.at[lax.rem(step0 + k_steps - 1, stages)])
+                    release_last_slot(consumed, step0, k_steps, stages, 1)
                     return [acc_ref[...] for acc_ref in acc_refs], carry[1] if in_kernel else None
 
                 acc_type = plgpu.ACC((MAX_ROWS, tile_n), jnp.float32)

@@ -10,8 +10,8 @@ PROVENANCE: dict[str, str | int | None] = {
     'command': 'python -m bench.gemm_sweep --around-table --budget-s 215 --out /tmp/h200/gemm_sweep; python -m bench.gemm_sweep --screen-all --shapes 4096x1024x6144,8192x1024x6144,8192x1024x4096,4096x1024x4096,8192x2048x16384 --budget-s 245 --out /tmp/h200/gemm_screen; python -m bench.gemm_sweep --around-table --shapes 4096x4096x2560,4096x2560x19456,4096x9728x2560 --budget-s 90 --out /root/out; python -m bench.gemm_sweep --screen-all --no-cluster --shapes 4096x4096x2560,4096x9728x2560 --budget-s 135 --out /root/out',
     'date': '2026-12-04T13:07:28+00:00',
     'device': 'NVIDIA H200',
-    'commit': '3b18c7c; 3b18c7c; 3b18c7c; 3b18c7c',
     'sms': 132,
+    'commit': '3b18c7c; 3b18c7c; 3b18c7c; 3b18c7c',
 }
 
 # ((M, K, N), TuningConfig fields): each shape's fastest config in the sweep.

@@ -93,7 +93,8 @@ def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: 
         plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki - 1, steps)])
 
 
-def release_last_slot(consumed, carry: Array, k_iters: int, steps: int, in_flight: int) -> None:
+def release_last_slot(consumed, carry: Array, k_iters: int | Array, steps: int,
+                      in_flight: int) -> None:
     """After a tile's K-loop: with a step in flight, finish it and release its slot."""
     if in_flight:
         plgpu.wgmma_wait(0)
@@ -297,7 +298,8 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 if residual_gmem is not None:
                     residual = ResidualPieces(
                         residual_gmem, out_smem.at[wg_idx], residual_ready, wg_idx, config,
-                        slots=staging_slots, row0=m_idx * cta_tile_m + wg_m0, col0=n_idx * cta_tile_n + wg_n0)
+                        slots=staging_slots, row0=m_idx * cta_tile_m + wg_m0,
+                        col0=n_idx * cta_tile_n + wg_n0)
                     residual.prefetch()
                 acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
