@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from bench import decode_table_writer, report, timing
 from pallas_kernels import decode_config as dc
+from pallas_kernels import decode_configs
 from pallas_kernels import decode_matmul as dm
 
 BF16 = jnp.bfloat16
@@ -61,6 +62,9 @@ LAUNCHES: dict[str, list[Launch]] = {
     # q/k/v and its untied head.
     "llama3-8b": [(4096, (4096, 1024, 1024)), (4096, (32768,))],
 }
+# `--launches losing`: every launch of the measured table above cuBLAS, at its own M, with
+# every candidate config in one pass (the runs that wrote the table tried two or three).
+LOSING = "losing"
 ROWS = (1, 8, 16, 64)
 SMOKE_LAUNCHES, SMOKE_ROWS = [(128, (192,)), (128, (128, 64))], (8,)
 COPY_BYTES, SMOKE_COPY_BYTES = 512 * 2**20, 2**20
@@ -73,7 +77,7 @@ TABLE_PATH = Path(dc.__file__).with_name("decode_configs.py")
 def candidate_configs(m: int, k: int, ns: tuple[int, ...], sms: int) -> list[dc.DecodeConfig]:
     """The model's pick, then alternatives that differ most from each other first: 128-column
     tiles unsplit, 64-column tiles split to fill the SMs' waves, 256 unsplit, 128 split, 64
-    unsplit."""
+    unsplit, 64 split half and twice as many ways as the waves need."""
     k_iters = k // 64
 
     def fill(tile_n: int) -> int:
@@ -84,10 +88,20 @@ def candidate_configs(m: int, k: int, ns: tuple[int, ...], sms: int) -> list[dc.
         splits = range(1, min(k_iters, 16) + 1)
         return next((s for s in splits if waves_filled(s) >= 0.9), max(splits, key=waves_filled))
 
-    shapes = [(128, 1), (64, fill(64)), (256, 1), (128, fill(128)), (64, 1)]
+    half, double = max(1, fill(64) // 2), min(2 * fill(64), k_iters, 16)
+    shapes = [(128, 1), (64, fill(64)), (256, 1), (128, fill(128)), (64, 1), (64, half),
+              (64, double)]
     picks = [dm.decode_config(m, k, ns, sms=sms)]
     picks += [dc.deepest(dc.DecodeConfig(tile_n=t, split_k=s), 2) for t, s in shapes]
     return list(dict.fromkeys(picks))
+
+
+def losing_launches(rows: Sequence[int]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(M, K, (N_i...)) of every table entry (pallas_kernels/decode_configs.py) measured
+    slower than cuBLAS, at M in `rows`, the slowest first."""
+    slow = sorted((e for e in decode_configs.ENTRIES if e[2] > 1.0 and e[0][0] in rows),
+                  key=lambda e: -e[2])
+    return [shape for shape, _, _ in slow]
 
 
 def _label(config: dc.DecodeConfig) -> str:
@@ -229,9 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--configs", type=int, default=4,
                         help="configs per shape at most, the model's pick first")
-    parser.add_argument("--launches", choices=sorted(LAUNCHES), default="single",
-                        help="single weights at the presets' widths, or the 1B-class presets' "
-                             "own q/k/v, o and down launches")
+    parser.add_argument("--launches", choices=[*sorted(LAUNCHES), LOSING], default="single",
+                        help="single weights at the presets' widths, the 1B-class presets' "
+                             "own q/k/v, o and down launches, ..., or 'losing': the table's "
+                             "launches above cuBLAS, every candidate in one pass")
     parser.add_argument("--rows", type=lambda s: tuple(int(v) for v in s.split(",")),
                         default=ROWS, help="M values, e.g. 1,64 (default: 1,8,16,64)")
     parser.add_argument("--smoke", action="store_true",
@@ -252,20 +267,27 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.smoke else 10
     sms = 4 if args.smoke else jax.devices()[0].core_count
     copy_bw = copy_bandwidth(SMOKE_COPY_BYTES if args.smoke else COPY_BYTES, repeats)
-    shapes = [(m, k, ns) for k, ns in (SMOKE_LAUNCHES if args.smoke else LAUNCHES[args.launches])
-              for m in (SMOKE_ROWS if args.smoke else args.rows)]
+    if args.launches == LOSING and not args.smoke:
+        shapes = losing_launches(args.rows)
+    else:
+        shapes = [(m, k, ns)
+                  for k, ns in (SMOKE_LAUNCHES if args.smoke else LAUNCHES[args.launches])
+                  for m in (SMOKE_ROWS if args.smoke else args.rows)]
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    copy_tb_s=copy_bw / 1e12 if copy_bw else None,
                                    budget_s=args.budget_s, rows=[], skipped=[])
-    # Pass 1: the model's pick at every shape; pass 2: the alternatives, while the budget lasts.
+    # Pass 1: the model's pick at every shape; pass 2: the alternatives, while the budget
+    # lasts. The losing launches' picks were measured already: one pass of every candidate.
     rows = {}
-    for phase in ("pick", "alternatives"):
+    phases = ("all",) if args.launches == LOSING else ("pick", "alternatives")
+    for phase in phases:
         for m, k, ns in shapes:
             if time.monotonic() - start > args.budget_s:
                 payload["skipped"].append(dict(launch=launch_label(m, k, ns), phase=phase))
                 continue
             configs = candidate_configs(m, k, ns, sms)
-            configs = configs[:1] if phase == "pick" else configs[1:args.configs]
+            configs = {"pick": configs[:1], "alternatives": configs[1:args.configs],
+                       "all": configs[:args.configs]}[phase]
             if not configs:
                 continue
             xla, entries = measure_configs(m, k, ns, configs, repeats=repeats,

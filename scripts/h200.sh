@@ -19,6 +19,8 @@
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
+#   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
+#   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
@@ -121,6 +123,9 @@ for name in "$@"; do
         stage "parity_$family" "${PARITY_LIMIT:-110}" python3 examples/decode_parity.py --impl mosaic --steps 256 \
           --family "$family"
       done ;;
+    head-data)  # the tied head's GEMMs on stock's and the norm-free limit's data (Gemma-3-1B)
+      stage head_data "${HEAD_LIMIT:-150}" python3 bench/gpu/head_data_probe.py \
+        --model "${MODEL:-gemma3-1b}" --out "$WORK/head_data" ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \

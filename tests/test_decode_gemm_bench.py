@@ -8,6 +8,7 @@ import json
 import jax.numpy as jnp
 
 from bench import decode_gemm
+from pallas_kernels import decode_configs
 
 
 def test_smoke_run_checks_times_and_reports(tmp_path):
@@ -42,3 +43,12 @@ def test_candidates_are_distinct_and_start_with_the_pick():
     configs = decode_gemm.candidate_configs(1, 4096, (6144,), 132)
     assert configs[0] == decode_gemm.dm.decode_config(1, 4096, (6144,), sms=132)
     assert len(set(configs)) == len(configs) >= 3
+
+
+def test_losing_launches_are_the_tables_losses_at_the_rows_asked():
+    rows = (1, 8)
+    losing = decode_gemm.losing_launches(rows)
+    ratios = {shape: ratio for shape, _, ratio in decode_configs.ENTRIES}
+    expected = {shape for shape, ratio in ratios.items() if ratio > 1.0 and shape[0] in rows}
+    assert set(losing) == expected and expected
+    assert [ratios[s] for s in losing] == sorted((ratios[s] for s in losing), reverse=True)
