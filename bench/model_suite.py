@@ -112,6 +112,55 @@ def _without_norms(model: nnx.Module) -> nnx.Module:
     return model
 
 
+class ConstantScale(nnx.Module):
+    """A norm replaced by a multiplication by one calibrated constant: no row statistic and
+    nothing XLA cannot fold into the neighbouring GEMM (a scalar becomes its alpha), while
+    the activations keep the scale the norm held them at."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * jnp.asarray(self.scale, x.dtype)
+
+
+def _input_mean_squares(model: nnx.Module, tokens: jax.Array) -> dict[int, float]:
+    """id(norm) -> mean of x^2 over the input each RMSNorm module saw in one eager forward in
+    which every norm already scales by its constant, so that each one is calibrated on the
+    data the scaled model gives it."""
+    seen: dict[int, float] = {}
+    original = nnx.RMSNorm.__call__
+
+    def recording(self, x, *args, **kwargs):
+        seen[id(self)] = float(jnp.mean(jnp.square(x.astype(jnp.float32))))
+        return ConstantScale(_scale(seen[id(self)]))(x)
+
+    nnx.RMSNorm.__call__ = recording
+    try:
+        model(tokens)
+    finally:
+        nnx.RMSNorm.__call__ = original
+    return seen
+
+
+def with_scaled_norms(model: nnx.Module, tokens: jax.Array) -> nnx.Module:
+    """`model` (stock layers) with every RMSNorm replaced, in place, by a ConstantScale of
+    1 / RMS of the input it saw on `tokens`: the norm-free limit with its data bounded.
+    Without norms the residual stream of some presets grows without bound (Gemma-3-1B's to an
+    RMS of ~1e14), the softmax saturates and the loss's cotangent is almost all zeros, which
+    tensor cores multiply faster (bench/gpu/head_data_probe.py)."""
+    mean_squares = _input_mean_squares(model, tokens)
+    for _, module in list(nnx.iter_modules(model)):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, nnx.RMSNorm):
+                setattr(module, name, ConstantScale(_scale(mean_squares[id(value)])))
+    return model
+
+
+def _scale(mean_square: float) -> float:
+    return float(1.0 / np.sqrt(mean_square + 1e-6))
+
+
 def build_variants(shape: ModelShape, seed: int = 0) -> dict[str, nnx.Module]:
     """The four variants, all holding the parameters of one stock model."""
     stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(seed))

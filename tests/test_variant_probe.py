@@ -6,7 +6,7 @@ from flax import nnx
 
 from bench import model_suite
 from bench.gpu import variant_probe
-from jaxnorm import dispatch
+from jaxnorm import dispatch, models
 
 
 def test_probe_variants_compute_the_stock_loss_and_swap_what_they_say():
@@ -17,6 +17,8 @@ def test_probe_variants_compute_the_stock_loss_and_swap_what_they_say():
     (state, opt_state, tokens), = case(variants["stock"][0])[1]
     reference = float(variants["stock"][1](state, opt_state, tokens)[0])
     for label in labels[1:]:
+        if label == "norm-free (scaled)":
+            continue  # another network: tested below
         model, fn = variants[label]
         loss = float(jax.jit(fn)(*case(model)[1][0])[0])
         np.testing.assert_allclose(loss, reference, rtol=2e-2, err_msg=label)
@@ -68,3 +70,28 @@ def test_residual_gemm_variant_takes_the_kernel_only_while_tracing():
                               lambda: variant_probe._kernel_everywhere("residual_dense"))()
     assert seen == ["mosaic"]
     assert choice() == "xla"
+
+
+def test_scaled_norm_free_keeps_every_norms_output_at_unit_scale():
+    shape = model_suite.QUICK
+    stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(5))
+    tokens = model_suite._tokens(jax.random.key(2), 2, 16, shape.cfg.vocab_size)
+    scaled = model_suite.with_scaled_norms(models.load_params(stock, fused=False), tokens)
+    assert not any(isinstance(m, nnx.RMSNorm) for _, m in nnx.iter_modules(scaled))
+    outputs = []
+    original = model_suite.ConstantScale.__call__
+
+    def recording(self, x):
+        y = original(self, x)
+        outputs.append(float(jax.numpy.mean(jax.numpy.square(y.astype("float32")))))
+        return y
+
+    model_suite.ConstantScale.__call__ = recording
+    try:
+        logits, _ = scaled(tokens)
+    finally:
+        model_suite.ConstantScale.__call__ = original
+    n_norms = sum(isinstance(m, nnx.RMSNorm) for _, m in nnx.iter_modules(stock))
+    assert len(outputs) == n_norms
+    np.testing.assert_allclose(outputs, 1.0, rtol=2e-2)
+    assert np.isfinite(np.asarray(logits, np.float32)).all()

@@ -12,7 +12,10 @@ measured in interleaved rounds, to take jaxnorm's model apart:
   (jaxnorm/backends/norm_backward_measured.py) had it faster at every training shape;
 - "residual GEMM": jaxnorm's model with the residual GEMM (`jaxnorm.residual_dense`:
   o- and down-projection plus the residual, the sum's row statistics in its epilogue)
-  taken wherever it serves the rows, as if it had measured faster than XLA everywhere.
+  taken wherever it serves the rows, as if it had measured faster than XLA everywhere;
+- "norm-free (scaled)": the norm-free limit with each norm a multiplication by a constant
+  calibrated on one batch of stock (`model_suite.with_scaled_norms`): the limit's work,
+  with activations at stock's scale instead of growing without bound.
 
 With --detail, round 1 writes each variant's kernels by name and optimized HLO, for
 `python -m bench.kernel_diff DIR A B --model M`. Usage:
@@ -29,6 +32,7 @@ import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import jax
 from flax import nnx
 
 from bench import model_suite, timing
@@ -36,7 +40,7 @@ from jaxnorm import dispatch, models
 from jaxnorm.models import layers
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
-         "residual GEMM")
+         "residual GEMM", "norm-free (scaled)")
 
 
 @contextlib.contextmanager
@@ -90,7 +94,13 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense")}
     out = {}
     for label in labels:
-        if label == "stock QK-norm":
+        if label == "norm-free (scaled)":
+            batch, length = shape.train
+            tokens = model_suite._tokens(jax.random.key(0), batch, length, shape.cfg.vocab_size)
+            model = model_suite.with_scaled_norms(
+                models.load_params(models_["stock"], fused=False), tokens)
+            out[label] = model, case(model)[0]
+        elif label == "stock QK-norm":
             model = with_stock_qk_norms(models_["stock"])
             out[label] = model, traced_with(case(model)[0], unfused)
         elif label in EXTRA:
