@@ -129,17 +129,25 @@ def _input_mean_squares(model: nnx.Module, tokens: jax.Array) -> dict[int, float
     which every norm already scales by its constant, so that each one is calibrated on the
     data the scaled model gives it."""
     seen: dict[int, float] = {}
-    original = nnx.RMSNorm.__call__
 
     def recording(self, x, *args, **kwargs):
         seen[id(self)] = float(jnp.mean(jnp.square(x.astype(jnp.float32))))
         return ConstantScale(_scale(seen[id(self)]))(x)
 
-    nnx.RMSNorm.__call__ = recording
+    # Subclasses (Gemma's offset gain) define their own __call__: patch every class present.
+    classes = {type(v) for _, m in nnx.iter_modules(model) for v in vars(m).values()
+               if isinstance(v, nnx.RMSNorm)}
+    originals = {cls: cls.__dict__.get("__call__") for cls in classes}
+    for cls in classes:
+        cls.__call__ = recording
     try:
         model(tokens)
     finally:
-        nnx.RMSNorm.__call__ = original
+        for cls, original in originals.items():
+            if original is None:
+                del cls.__call__
+            else:
+                cls.__call__ = original
     return seen
 
 
