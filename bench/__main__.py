@@ -105,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="rounds of the interleaved variants (default: 2)")
     model.add_argument("--detail", type=Path,
                        help="also write each cell's kernels by name and optimized HLO here")
+    model.add_argument("--bounded-limit", action="store_true",
+                       help="also measure the norm-free limit with each norm a calibrated "
+                            "constant (activations at stock's scale)")
     led = parser.add_argument_group("ledger")
     led.add_argument("--batch", type=_list_of(int), default=(1, 64),
                      help="decode batch sizes (default: 1,64)")
@@ -134,7 +137,8 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
     if args.decode_batch:
         shapes = [dataclasses.replace(s, decode_batches=tuple(args.decode_batch)) for s in shapes]
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
-                    phases=args.phase, out=args.out, detail=args.detail)
+                    phases=args.phase, out=args.out, detail=args.detail,
+                    bounded=args.bounded_limit)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 

@@ -9,7 +9,11 @@ in one process, two rounds, the order rotated by one each round:
 - jaxnorm: the same network on jaxnorm layers, automatic dispatch (`impl=None`);
 - flashified: jaxnorm with the norm gains folded into the projections;
 - norm-free: stock with every norm replaced by the identity, the floor that
-  "free normalization" aims at (not a model anyone would run).
+  "free normalization" aims at (not a model anyone would run);
+- with `--bounded-limit`, also norm-free (scaled): each norm a multiplication by one
+  constant calibrated on a batch of stock (`with_scaled_norms`). Without norms some
+  presets' activations grow without bound and their GEMMs multiply mostly zeros, which is
+  faster work than stock's, not less of it; this limit keeps stock's scale.
 
 Each cell reports CUPTI kernel time, wall time, kernels launched, time by
 kernel class, and the share of the norm-free gap jaxnorm closes,
@@ -39,6 +43,7 @@ from bench import timing
 from jaxnorm import models
 
 VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
+BOUNDED = "norm-free (scaled)"
 PHASES = ("prefill", "train", "decode")
 DECODE_CACHE = 4096
 DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
@@ -169,16 +174,29 @@ def _scale(mean_square: float) -> float:
     return float(1.0 / np.sqrt(mean_square + 1e-6))
 
 
-def build_variants(shape: ModelShape, seed: int = 0) -> dict[str, nnx.Module]:
-    """The four variants, all holding the parameters of one stock model."""
+def bounded_limit(stock: nnx.Module, shape: ModelShape) -> nnx.Module:
+    """The norm-free limit with its norms scaled (`with_scaled_norms`), calibrated on one
+    batch of the training shape's random tokens."""
+    batch, length = shape.train
+    tokens = _tokens(jax.random.key(0), batch, length, shape.cfg.vocab_size)
+    return with_scaled_norms(models.load_params(stock, fused=False), tokens)
+
+
+def build_variants(shape: ModelShape, seed: int = 0,
+                   bounded: bool = False) -> dict[str, nnx.Module]:
+    """The four variants (five with `bounded`), all holding the parameters of one stock
+    model."""
     stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(seed))
     fused = models.load_params(stock, fused=True, impl=None)
-    return {
+    variants = {
         "stock": stock,
         "jaxnorm": fused,
         "flashified": models.flashify_model(fused),
         "norm-free": _without_norms(models.load_params(stock, fused=False)),
     }
+    if bounded:
+        variants[BOUNDED] = bounded_limit(stock, shape)
+    return variants
 
 
 # ------------------------------------------------------------------ phases
@@ -393,7 +411,8 @@ def measurement_order(variants: list[str], round_index: int) -> list[str]:
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
-        detail: Path | None = None, console: Console | None = None) -> list[Cell]:
+        detail: Path | None = None, bounded: bool = False,
+        console: Console | None = None) -> list[Cell]:
     """Measure every cell: variants interleaved within a round, `rounds` rounds, each
     round in the order `measurement_order` gives it.
 
@@ -403,12 +422,13 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
 
     With `out`, the results so far are rewritten after every cell, so a run cut
     short keeps what it measured. With `detail`, round 1 also writes each variant's
-    kernels by name and its optimized HLO there.
+    kernels by name and its optimized HLO there. With `bounded`, the scaled limit is a
+    fifth variant (`BOUNDED`).
     """
     console = console or Console(stderr=True)
     cells = []
     for shape in shapes:
-        variants = build_variants(shape)
+        variants = build_variants(shape, bounded=bounded)
         for phase, text, per_step, case in _cases(shape, copies, phases):
             cell = Cell(shape.name, phase, text, per_step)
             # One function per variant and cell (compiled once), inputs built per measurement
@@ -457,9 +477,14 @@ def summary_line(cell: Cell) -> str:
     return f"{cell.model} {cell.phase}: " + "; ".join(parts)
 
 
+def measured_variants(cells: list[Cell]) -> tuple[str, ...]:
+    """VARIANTS, and BOUNDED where a cell measured it."""
+    return VARIANTS + ((BOUNDED,) if any(BOUNDED in c.rounds[0] for c in cells) else ())
+
+
 def to_json(cells: list[Cell]) -> dict:
     return {"suite": "model", "cells": [dataclasses.asdict(c) for c in cells],
-            "variants": VARIANTS, "decode_steps_per_call": DECODE_STEPS,
+            "variants": measured_variants(cells), "decode_steps_per_call": DECODE_STEPS,
             "breakdown": BREAKDOWN, "jax": jax.__version__,
             "devices": [d.device_kind for d in jax.devices()]}
 
@@ -469,43 +494,58 @@ def from_json(payload: dict) -> list[Cell]:
 
 
 def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
-    """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap;
-    then, with `breakdown`, time by kernel class."""
+    """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap
+    (and the gap to the scaled limit where it was measured); then, with `breakdown`, time by
+    kernel class."""
+    variants = measured_variants(cells)
+    limits = [v for v in ("norm-free", BOUNDED) if v in variants]
     lines = [
-        "| model | phase | shape | metric | stock | jaxnorm | flashified | norm-free | "
-        "jaxnorm/stock (rounds) | gap closed (rounds) |",
-        "|---|---|---|---|---:|---:|---:|---:|---|---|",
+        "| model | phase | shape | metric | " + " | ".join(variants)
+        + " | jaxnorm/stock (rounds) | "
+        + " | ".join("gap closed (rounds)" if v == "norm-free" else f"gap closed to {v} (rounds)"
+                     for v in limits) + " |",
+        "|---|---|---|---|" + "---:|" * len(variants) + "---|" * (1 + len(limits)),
     ]
     for cell in cells:
         n = len(cell.rounds)
         for metric, unit in (("kernel_us", "kernel us"), ("wall_us", "wall us"),
                              ("kernels", "kernels")):
             med = {v: statistics.median(_metric(cell, r, v, metric) for r in range(n))
-                   for v in VARIANTS}
+                   if v in cell.rounds[0] else float("nan") for v in variants}
             ratios = ", ".join(
                 f"{_ratio(_metric(cell, r, 'jaxnorm', metric), _metric(cell, r, 'stock', metric)):.3f}"
                 for r in range(n))
-            gaps = []
-            for r in range(n):
-                g = gap_closed(*(_metric(cell, r, v, metric) for v in
-                                 ("stock", "jaxnorm", "norm-free")))
-                gaps.append("n/a" if g is None or np.isnan(g) else f"{100 * g:.0f}%")
+            gaps = [", ".join(_gaps(cell, metric, limit)) if metric != "kernels" else ""
+                    for limit in limits]
             fmt = (lambda x: f"{x:.1f}") if metric != "kernels" else (lambda x: f"{x:.0f}")
             lines.append(
                 f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
-                + " | ".join(fmt(med[v]) for v in VARIANTS)
-                + f" | {ratios} | {', '.join(gaps) if metric != 'kernels' else ''} |")
+                + " | ".join(fmt(med[v]) for v in variants)
+                + f" | {ratios} | " + " | ".join(gaps) + " |")
     if not breakdown:
         return "\n".join(lines) + "\n"
     lines += ["", "Time by kernel class, round 1 (us per step):", "",
               "| model | phase | variant | " + " | ".join(c for c, _ in KERNEL_CLASSES)
               + " | other |", "|---|---|---|" + "---:|" * (len(KERNEL_CLASSES) + 1)]
     for cell in cells:
-        for v in VARIANTS:
+        for v in cell.rounds[0]:
             by = cell.rounds[0][v]["by_class_us"]
             lines.append(f"| {cell.model} | {cell.phase} | {v} | " + " | ".join(
                 f"{by.get(c, 0.0):.1f}" for c, _ in (*KERNEL_CLASSES, ("other", None))) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _gaps(cell: Cell, metric: str, limit: str) -> list[str]:
+    """The share of the gap to `limit` closed in each round ("n/a" where the limit was
+    not faster than stock or not measured)."""
+    out = []
+    for r in range(len(cell.rounds)):
+        if limit not in cell.rounds[r]:
+            out.append("n/a")
+            continue
+        g = gap_closed(*(_metric(cell, r, v, metric) for v in ("stock", "jaxnorm", limit)))
+        out.append("n/a" if g is None or np.isnan(g) else f"{100 * g:.0f}%")
+    return out
 
 
 def plot(cells: list[Cell], path: Path) -> None:
@@ -517,11 +557,13 @@ def plot(cells: list[Cell], path: Path) -> None:
 
     labels = [f"{c.model}\n{c.phase}" for c in cells]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cells)), 4.5))
-    width = 0.8 / (len(VARIANTS) - 1)
-    for i, v in enumerate(VARIANTS[1:]):
+    variants = measured_variants(cells)
+    width = 0.8 / (len(variants) - 1)
+    for i, v in enumerate(variants[1:]):
         ys = [statistics.median(_ratio(_metric(c, r, v, "kernel_us"),
                                        _metric(c, r, "stock", "kernel_us"))
-                                for r in range(len(c.rounds))) for c in cells]
+                                for r in range(len(c.rounds))) if v in c.rounds[0]
+              else float("nan") for c in cells]
         ax.bar(np.arange(len(cells)) + (i - 1) * width, ys, width, label=v)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(len(cells)), labels, fontsize=7, rotation=45, ha="right")

@@ -18,6 +18,7 @@
 #   MODEL=llama3-8b PHASE=prefill,train MODEL_LIMIT=300 bash scripts/h200.sh model
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
+#   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
@@ -130,7 +131,7 @@ for name in "$@"; do
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
-             ${ROUNDS:+--rounds "$ROUNDS"} \
+             ${ROUNDS:+--rounds "$ROUNDS"} ${BOUNDED:+--bounded-limit} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \

@@ -109,3 +109,18 @@ def test_kernel_classes():
     assert ms.kernel_class("input_reduce_fusion_3") == "norm/reduction"
     assert ms.kernel_class("loop_multiply_fusion") == "elementwise"
     assert ms.kernel_class("copy_fusion") == "copy"
+
+
+def test_bounded_limit_is_a_fifth_variant_with_its_own_gap_column(tmp_path):
+    cells = ms.run([ms.QUICK], rounds=2, repeats=1, warmup=0, phases=("prefill",),
+                   out=tmp_path, bounded=True)
+    assert list(cells[0].rounds[0]) == [*ms.VARIANTS, ms.BOUNDED]
+    table = (tmp_path / "model-suite.md").read_text()
+    header = table.splitlines()[0]
+    assert f"| {ms.BOUNDED} |" in header and f"gap closed to {ms.BOUNDED} (rounds)" in header
+    stock, jaxnorm, limit = (ms._metric(cells[0], 0, v, "wall_us")
+                             for v in ("stock", "jaxnorm", ms.BOUNDED))
+    expected = ms.gap_closed(stock, jaxnorm, limit)
+    assert ms._gaps(cells[0], "wall_us", ms.BOUNDED)[0] == (
+        "n/a" if expected is None else f"{100 * expected:.0f}%")
+    assert json.loads((tmp_path / "model-suite.json").read_text())["variants"][-1] == ms.BOUNDED

@@ -17,7 +17,7 @@ def test_probe_variants_compute_the_stock_loss_and_swap_what_they_say():
     (state, opt_state, tokens), = case(variants["stock"][0])[1]
     reference = float(variants["stock"][1](state, opt_state, tokens)[0])
     for label in labels[1:]:
-        if label == "norm-free (scaled)":
+        if label == model_suite.BOUNDED:
             continue  # another network: tested below
         model, fn = variants[label]
         loss = float(jax.jit(fn)(*case(model)[1][0])[0])

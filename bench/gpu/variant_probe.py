@@ -32,7 +32,6 @@ import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import jax
 from flax import nnx
 
 from bench import model_suite, timing
@@ -40,7 +39,7 @@ from jaxnorm import dispatch, models
 from jaxnorm.models import layers
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
-         "residual GEMM", "norm-free (scaled)")
+         "residual GEMM", model_suite.BOUNDED)
 
 
 @contextlib.contextmanager
@@ -94,11 +93,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense")}
     out = {}
     for label in labels:
-        if label == "norm-free (scaled)":
-            batch, length = shape.train
-            tokens = model_suite._tokens(jax.random.key(0), batch, length, shape.cfg.vocab_size)
-            model = model_suite.with_scaled_norms(
-                models.load_params(models_["stock"], fused=False), tokens)
+        if label == model_suite.BOUNDED:
+            model = model_suite.bounded_limit(models_["stock"], shape)
             out[label] = model, case(model)[0]
         elif label == "stock QK-norm":
             model = with_stock_qk_norms(models_["stock"])
