@@ -105,6 +105,27 @@ def _jaxnorm_given(case: Case) -> Fn:
     return fn
 
 
+@register(GIVEN, "jaxnorm-gain-in-mainloop")
+def _gain_in_mainloop_given(case: Case) -> Fn:
+    """The given-statistics GEMM with the unfolded gain applied to each x tile in the
+    mainloop (`lazy_rms_matmul(gain_in_kernel=True)`) instead of an XLA pass over x."""
+    import dataclasses
+
+    from pallas_kernels import lazy_norm_matmul as lz
+
+    config = dataclasses.replace(lz.default_config(case.m, case.k, list(case.ns)),
+                                 cluster_dimension=None, wgmma_in_flight=0)
+
+    def fn(h: jax.Array, scale: jax.Array, w: jax.Array, mean: jax.Array,
+           m2: jax.Array) -> jax.Array:
+        row_scale = jax.lax.rsqrt(m2 / case.k + mean * mean + 1e-6)
+        (y,) = lz.lazy_rms_matmul(h, [w], scale=scale, row_scale=row_scale, gain_in_kernel=True,
+                                  config=config, interpret=KERNEL_IMPL == "interpret")
+        return y
+
+    return fn
+
+
 @register(GIVEN, "xla-dot", gemm_only=True)
 def _xla_dot_given(case: Case) -> Fn:
     return lambda h, scale, w, mean, m2: h @ w

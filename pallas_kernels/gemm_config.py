@@ -93,7 +93,10 @@ class Epilogue:
 
         y = row_scale[:, None] * acc - row_shift[:, None] * col_sums[None, :] + col_bias[None, :]
 
-    Row vectors are inputs (statistics computed outside the GEMM). `residual` adds an
+    Row vectors are inputs (statistics computed outside the GEMM). `column_gain` scales
+    x's columns by a [K] gain of x's dtype before the product (RMSNorm's unfolded gain):
+    each x tile is loaded from shared memory into registers, multiplied and fed to wgmma
+    from there, so x is never rewritten in memory. `residual` adds an
     [M, N] input of x's dtype to y. `row_stats_out` also writes per-row partial
     (sum, M2) of the float32 y over each warpgroup's tile_n columns (part p covers
     columns [p tile_n, (p + 1) tile_n): `part_columns`); M2 is the sum of squared
@@ -106,6 +109,7 @@ class Epilogue:
     col_bias: bool = False
     row_stats_out: bool = False
     residual: bool = False
+    column_gain: bool = False
 
     def __post_init__(self) -> None:
         if self.row_shift != self.col_sums:
@@ -177,6 +181,10 @@ def check_epilogue(
     """Raise Unsupported for what the epilogue does not serve (ValueError for a bad residual)."""
     if epilogue.residual != (residual is not None):
         raise ValueError("pass a residual exactly when the epilogue adds one")
+    if epilogue.column_gain and config.cluster_dimension is not None:
+        raise Unsupported("a column gain is applied per CTA: no 2-CTA cluster")
+    if epilogue.column_gain and config.wgmma_in_flight:
+        raise Unsupported("a column gain feeds wgmma from registers: wgmma_in_flight must be 0")
     if residual is not None:
         _check_residual(x, weights, config, residual)
     if epilogue.row_stats_out:

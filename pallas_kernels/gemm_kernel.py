@@ -112,10 +112,26 @@ def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SME
     )
 
 
-def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n_tiles: list[int]):
+def _gained(a_tile, gain_tile, staging=None):
+    """x's [tile_m, tile_k] tile times the gain's [tile_k] slice: wgmma's A operand, in
+    registers (the WGMMA layout). The proxy fence orders these reads before the TMA that
+    refills the slot once it is released. The interpreter takes no register operand for
+    wgmma: there the product goes through this warpgroup's `staging` tile in SMEM."""
+    a = plgpu.load(a_tile, layout=plgpu.Layout.WGMMA)
+    g = plgpu.load(gain_tile, layout=plgpu.Layout.WGMMA.reduce(0))
+    a = a * lax.broadcast_in_dim(g, a.shape, [1])
+    if staging is not None:
+        staging[...] = a
+    plgpu.commit_smem()
+    return a if staging is None else staging
+
+
+def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n_tiles: list[int],
+            interpret: bool):
     refs = list(refs)
     x_gmem = refs.pop(0)
     w_gmems = [refs.pop(0) for _ in range(num_weights)]
+    gain_gmem = refs.pop(0) if epilogue.column_gain else None
     # Vectors the memory warpgroup stages into SMEM for each tile's epilogue.
     row_names = [n for n in ("row_scale", "row_shift") if getattr(epilogue, n)]
     col_names = [n for n in ("col_sums", "col_bias") if getattr(epilogue, n)]
@@ -174,8 +190,8 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         # Output staging; with a residual, the slots each piece's residual lands in by TMA
         # and its y leaves from (`gemm_config.residual_slots`).
         out_smem=_swizzled((num_mma_wgs, staging_slots, epi_m, epi_n), out_dtype, epi_n),
-        # Two TMA copies (A and B) arrive on each produced barrier.
-        produced=plgpu.Barrier(num_arrivals=2, num_barriers=steps),
+        # Two TMA copies (A and B, and the gain's slice with one) arrive on each produced barrier.
+        produced=plgpu.Barrier(num_arrivals=2 + (gain_gmem is not None), num_barriers=steps),
         consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
     )
     if cluster is not None:
@@ -189,13 +205,18 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         scratch["col_smem"] = plgpu.SMEM((2, max(len(col_names), 1), cta_tile_n), jnp.float32)
         scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
+    if gain_gmem is not None:
+        scratch["gain_smem"] = plgpu.SMEM((steps, tile_k), dtype)
+        if interpret:
+            scratch["gained_smem"] = _swizzled((num_mma_wgs, tile_m, tile_k), dtype, tile_k)
     if stats_out_gmems is not None:
         scratch["stats_out_smem"] = plgpu.SMEM((num_mma_wgs, 2, tile_m), jnp.float32)
     if residual_gmem is not None:
         scratch["residual_ready"] = plgpu.Barrier(num_barriers=num_mma_wgs * staging_slots)
 
     def body(a_smem, b_smem, out_smem, produced, consumed, row_smem=None, col_smem=None,
-             vec_ready=None, vec_free=None, stats_out_smem=None, residual_ready=None):
+             vec_ready=None, vec_free=None, stats_out_smem=None, residual_ready=None,
+             gain_smem=None, gained_smem=None):
         wg_idx = lax.axis_index("wg")
 
         def memory_warpgroup():
@@ -256,6 +277,9 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                             produced.at[slot],
                             collective_axes=shared(MatmulDimension.M),
                         )
+                        if gain_gmem is not None:
+                            plgpu.copy_gmem_to_smem(gain_gmem.at[k_slice], gain_smem.at[slot],
+                                                    produced.at[slot])
 
                 owner(n_idx, issue)
                 return carry + k_iters
@@ -281,11 +305,11 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                     def step_fn(ki, acc_ref):
                         slot = lax.rem(carry + ki, steps)
                         plgpu.barrier_wait(produced.at[slot])
-                        plgpu.wgmma(
-                            acc_ref,
-                            a_smem.at[slot, pl.ds(wg_m0, tile_m)],
-                            b_smem.at[slot, :, pl.ds(wg_n0, tile_n)],
-                        )
+                        a = a_smem.at[slot, pl.ds(wg_m0, tile_m)]
+                        if gain_smem is not None:
+                            a = _gained(a, gain_smem.at[slot],
+                                        None if gained_smem is None else gained_smem.at[wg_idx])
+                        plgpu.wgmma(acc_ref, a, b_smem.at[slot, :, pl.ds(wg_n0, tile_n)])
                         # A slot may be refilled only after the wgmma reading it is done.
                         release_done_slot(consumed, carry, ki, steps, in_flight)
                         return acc_ref
@@ -377,7 +401,8 @@ def run(
 ) -> tuple[Array, ...]:
     """Run the kernel: (x, *weights, *vectors[, residual]) -> (*outputs[, row_sum, row_m2]).
 
-    vectors: float32, in this order, those the epilogue uses: row_scale [M],
+    vectors, in this order, those the epilogue uses: the column gain [K] (x's dtype), then
+    float32 row_scale [M],
     row_shift [M], col_sums [N_i] for every weight, col_bias [N_i] for every weight.
     residual (with `epilogue.residual`): [M, N] of x's dtype, added to y in float32.
     """
@@ -421,7 +446,8 @@ def _build(
         cluster = dict(cluster=(2,), cluster_names=("cluster",))
     return plgpu.kernel(
         functools.partial(
-            _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles
+            _kernel, num_weights=len(weights), config=config, epilogue=epilogue, n_tiles=n_tiles,
+            interpret=interpret,
         ),
         out_type=tuple(out_types),
         grid=(grid,),

@@ -134,15 +134,18 @@ def _run(
     biases: Sequence[Array | None],
     return_row_stats: bool,
     interpret: bool,
+    column_gain: Array | None = None,
 ) -> tuple[Array, ...] | tuple[tuple[Array, ...], RowStats]:
     """Run the GEMM core; the epilogue gains the bias columns and row statistics out
-    that `biases` and `return_row_stats` ask for."""
+    that `biases` and `return_row_stats` ask for, the mainloop the column gain."""
     epilogue = dataclasses.replace(
-        epilogue, col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats
+        epilogue, col_bias=any(b is not None for b in biases), row_stats_out=return_row_stats,
+        column_gain=column_gain is not None,
     )
     m = x.shape[0]
     ns = [w.shape[1] for w in weights]
-    vectors = [v for v in (row_scale, row_shift) if v is not None]
+    vectors = [] if column_gain is None else [column_gain.astype(x.dtype)]
+    vectors += [v for v in (row_scale, row_shift) if v is not None]
     if epilogue.col_sums:
         vectors += _columns(col_sums, ns)
     if epilogue.col_bias:
@@ -174,6 +177,7 @@ def lazy_rms_matmul(
     row_scale: Array | None = None,
     config: TuningConfig | None = None,
     return_row_stats: bool = False,
+    gain_in_kernel: bool = False,
     interpret: bool = False,
 ) -> tuple[Array, ...] | tuple[tuple[Array, ...], RowStats]:
     """RMSNorm(x; scale) @ W_i + b_i for every weight, in one launch; outputs in x.dtype.
@@ -182,11 +186,20 @@ def lazy_rms_matmul(
     scale is None). `row_scale` ([M] float32 r) skips the statistics pass.
     With `return_row_stats`, also returns per weight (row_sum, row_sumsq) of y,
     [P_i, M] float32 partials over column blocks (sum over P_i for the row).
+    `gain_in_kernel`: a gain (scale + scale_offset, rounded to x's dtype) multiplies each x
+    tile in the GEMM's mainloop instead of x or the weights in an XLA pass
+    (`Epilogue.column_gain`; not with a 2-CTA cluster or a wgmma step in flight).
     """
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     config = _resolve_config(x, weights, config)
     gain = _gain(scale, scale_offset)
+    if gain is not None and gain_in_kernel:
+        if row_scale is None:
+            row_scale = rms_row_scale(x, eps)
+        return _run(x, weights, config=config, epilogue=Epilogue(row_scale=True),
+                    row_scale=row_scale, row_shift=None, col_sums=None, biases=biases,
+                    return_row_stats=return_row_stats, interpret=interpret, column_gain=gain)
     if gain is not None and x.shape[0] <= 2 * sum(w.shape[1] for w in weights):
         # One pass over x yields both the statistic and the scaled operand.
         if row_scale is None:

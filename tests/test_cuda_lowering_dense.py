@@ -43,6 +43,11 @@ def _variants(m: int, k: int, n: int) -> dict:
         "rms_a_gain_two_weights": (
             lambda x, w, w2, g: lz.lazy_rms_matmul(x, [w, w2], scale=g, scale_offset=1.0,
                                                    config=cfg), (x, w, w2, g)),
+        "rms_gain_in_the_mainloop": (
+            lambda x, w, w2, g: lz.lazy_rms_matmul(
+                x, [w, w2], scale=g, scale_offset=1.0, gain_in_kernel=True,
+                config=dataclasses.replace(cfg, cluster_dimension=None, wgmma_in_flight=0)),
+            (x, w, w2, g)),
         "rms_two_weights_row_stats": (
             lambda x, w, w2: lz.lazy_rms_matmul(x, [w, w2], config=cfg,
                                                 return_row_stats=True), (x, w, w2)),

@@ -207,3 +207,28 @@ def test_wgmma_in_flight_is_zero_or_one():
     x, w = jax.ShapeDtypeStruct((128, 128), BF16), jax.ShapeDtypeStruct((128, 128), BF16)
     with pytest.raises(Unsupported, match="wgmma_in_flight=2 must be 0 or 1"):
         gemm_config.check_shapes(x, [w], gemm_config.TuningConfig(wgmma_in_flight=2))
+
+
+@pytest.mark.parametrize("m, offset, config", [
+    (200, 0.0, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2)),
+    (130, 1.0, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3,
+                                        wg_dimension=gemm_config.MatmulDimension.N)),
+])
+def test_column_gain_in_the_mainloop(m, offset, config, request):
+    """The unfolded gain multiplies each x tile in registers before wgmma (several M and N
+    tiles, K steps over a two- or three-slot ring, two weights), against float64."""
+    inputs = _inputs(_rng(request), m, 256, (128, 64), scale=True, offset=offset,
+                     bias=(True, False))
+    outs = _lazy("rms", inputs, gain_in_kernel=True, config=config)
+    assert _judge(outs, inputs, "rms") <= 1.0
+    assert_race_free()
+
+
+def test_column_gain_declines_clusters_and_wgmma_in_flight(request):
+    inputs = _inputs(_rng(request), 256, 128, (128,), scale=True)
+    for config in (gemm_config.TuningConfig(tile_m=64, tile_n=64, wgmma_in_flight=1),
+                   gemm_config.TuningConfig(
+                       tile_m=64, tile_n=64,
+                       cluster_dimension=gemm_config.MatmulDimension.M)):
+        with pytest.raises(Unsupported, match="column gain"):
+            _lazy("rms", inputs, gain_in_kernel=True, config=config)

@@ -48,7 +48,7 @@ def test_given_statistics_rows_compute_the_pre_norm_gemm(interpreted):
     h, scale, w, mean, m2 = args = case.inputs(1)
     np.testing.assert_allclose(np.asarray(mean), np.asarray(h, np.float64).mean(1), atol=1e-5)
     inputs = dict(x=h, scale=scale, kernel=w, eps=EPS)
-    for name in ("jaxnorm", "xla"):
+    for name in ("jaxnorm", "jaxnorm-gain-in-mainloop", "xla"):
         y = REGISTRY[rg.GIVEN][name].build(case)(*args)
         assert check_outputs("rms_norm_dense", (y,), **inputs) <= 1.0
     assert REGISTRY[rg.GIVEN]["xla-dot"].gemm_only

@@ -318,6 +318,33 @@ def kernel_cases() -> list[tuple[str, str, Callable[[], str]]]:
 
     cases.append(("correct", "lazy GEMM: row statistics out, prenormalized LayerNorm",
                   gemm_variants))
+
+    def gain_in_mainloop(m, k, ns, offset, seed):
+        def run():
+            m_, k_ = _size((m, k), (130, 128))
+            ns_ = ns if not SMOKE else tuple(min(n, 128) for n in ns)
+            rng = np.random.default_rng(seed)
+            inputs = dict(x=_draw(rng, (m_, k_), BF16),
+                          kernel=[_draw(rng, (k_, n), BF16, 1 / np.sqrt(k_)) for n in ns_],
+                          scale=_draw(rng, (k_,), F32, 0.2, 0.0 if offset else 1.0),
+                          scale_offset=offset, eps=1e-6)
+            config = dataclasses.replace(lz.default_config(m_, k_, list(ns_)),
+                                         cluster_dimension=None, wgmma_in_flight=0)
+            kw = dict(scale=jnp.asarray(inputs["scale"]), scale_offset=offset,
+                      gain_in_kernel=True, config=config, interpret=INTERPRET)
+            x, ws = jnp.asarray(inputs["x"]), [jnp.asarray(w) for w in inputs["kernel"]]
+            outs = lz.lazy_rms_matmul(x, ws, **kw)
+            ratio = checks.check_outputs("rms_norm_dense", outs, **inputs)
+            again = lz.lazy_rms_matmul(x, ws, **kw)
+            for a, b in zip(outs, again):
+                _assert_bitwise(a, b, "gain in the mainloop")
+            return f"err/tol {ratio:.3f}; bitwise repeatable"
+        return run
+
+    for m, k, ns, offset in (((4096, 2048, (2048, 512, 512), 0.0)),
+                             ((2048, 1152, (6912, 6912), 1.0))):
+        cases.append(("correct", f"lazy GEMM: gain in the mainloop {m}x{k}x{'+'.join(map(str, ns))}",
+                      gain_in_mainloop(m, k, ns, offset, m + k)))
     return cases
 
 
