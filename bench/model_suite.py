@@ -118,9 +118,10 @@ def _without_norms(model: nnx.Module) -> nnx.Module:
 
 
 class ConstantScale(nnx.Module):
-    """A norm replaced by a multiplication by one calibrated constant: no row statistic and
-    nothing XLA cannot fold into the neighbouring GEMM (a scalar becomes its alpha), while
-    the activations keep the scale the norm held them at."""
+    """A norm replaced by a multiplication by one calibrated constant: no row statistic, and
+    activations at the scale the norm held them at. XLA folds the scalar into a neighbouring
+    fusion or GEMM where it can, not everywhere (the scaled limit launches more kernels than
+    the identity's), so it bounds the data-bounded limit from above."""
 
     def __init__(self, scale: float):
         self.scale = scale
