@@ -22,14 +22,15 @@ ITEMSIZE = 2  # bf16
 
 def name(config: TuningConfig) -> str:
     """A short unique name: CTA tile/warpgroup tile, K tile, stages, epilogue tile, grid,
-    cluster, one wgmma step in flight."""
+    cluster, one wgmma step in flight, pingpong warpgroups."""
     cluster = config.cluster_dimension
     return (f"{config.cta_tile_m}x{config.cta_tile_n}/{config.tile_m}x{config.tile_n}"
             f"_k{config.tile_k}_s{config.max_concurrent_steps}"
             f"_e{config.epi_tile_m}x{config.epi_tile_n}"
             f"_g{config.grid_minor_dim.name}{config.grid_tile_width}"
             + ("" if cluster is None else f"_c{cluster.name}")
-            + ("_f1" if config.wgmma_in_flight else ""))
+            + ("_f1" if config.wgmma_in_flight else "")
+            + ("_pp" if config.pingpong else ""))
 
 
 def fits(config: TuningConfig) -> bool:
@@ -92,3 +93,22 @@ def in_flight_variants(config: TuningConfig) -> list[TuningConfig]:
     if not fits(deeper) and config.epi_tile_n > 32:
         deeper = dataclasses.replace(deeper, epi_tile_n=config.epi_tile_n // 2)
     return _unique([lagged, deeper if deeper.max_concurrent_steps <= MAX_STEPS else None])
+
+
+# Warpgroup tiles of the pingpong candidates: each MMA warpgroup owns a whole CTA tile.
+PINGPONG_TILES = ((128, 128), (64, 256), (128, 64))
+
+
+def pingpong_variants(config: TuningConfig) -> list[TuningConfig]:
+    """Pingpong warpgroups (`TuningConfig.pingpong`) at PINGPONG_TILES with `config`'s grid
+    order, no cluster, each with the deepest pair of rings (>= 2 slots each) that fits."""
+    out = []
+    for tile_m, tile_n in PINGPONG_TILES:
+        base = dataclasses.replace(config, tile_m=tile_m, tile_n=tile_n, pingpong=True,
+                                   cluster_dimension=None, wgmma_in_flight=0,
+                                   epi_tile_m=min(config.epi_tile_m, tile_m),
+                                   epi_tile_n=min(config.epi_tile_n, tile_n))
+        fitted = (dataclasses.replace(base, max_concurrent_steps=steps)
+                  for steps in range(MAX_STEPS, 1, -1))
+        out.append(next((c for c in fitted if fits(c)), None))
+    return _unique(out)

@@ -33,6 +33,8 @@ than one takes the last run's best.
 `--around-table` skips steps 1-3: every shape times its `default_config` (the table's pick)
 and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
 knob the table's sweep did not have: 3 configs a shape, all 32 shapes in ~4 minutes.
+`--pingpong` does the same with pingpong warpgroups (`gemm_candidates.pingpong_variants`: each
+MMA warpgroup a whole tile from its own ring, one's epilogue under the other's mainloop).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Plan:
     interpret: bool = False
     clusters: bool = True  # screen 2-CTA clusters too
     around_table: bool = False  # only each shape's table pick and its in-flight variants
+    pingpong: bool = False  # only each shape's table pick and pingpong configs
     screen_all: bool = False  # every shape is a screen shape
 
 
@@ -130,6 +133,8 @@ def _args() -> argparse.ArgumentParser:
                    help="screen and refine every listed shape (default: the screen shapes only)")
     p.add_argument("--around-table", action="store_true",
                    help="each shape's table config and its wgmma-in-flight variants, no screen")
+    p.add_argument("--pingpong", action="store_true",
+                   help="each shape's table config and pingpong-warpgroup configs, no screen")
     p.add_argument("--no-cluster", action="store_true",
                    help="leave 2-CTA clusters out of the screen (should one hang the GPU)")
     p.add_argument("--write-table", metavar="RESULTS_JSON", nargs="+", type=Path,
@@ -161,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sms=getattr(device, "core_count", None), jax=jax.__version__,
                 budget_s=args.budget_s, quick=args.quick, rel_tol=REL_TOL)
     plan = dataclasses.replace(QUICK_PLAN if args.quick else Plan(), clusters=not args.no_cluster,
-                               around_table=args.around_table, screen_all=args.screen_all)
+                               around_table=args.around_table, screen_all=args.screen_all,
+                               pingpong=args.pingpong)
     Sweep(out=out, budget_s=args.budget_s, plan=plan, meta=meta, shapes=shapes).run()
     print(out / JSON_NAME)
     print(out / MD_NAME)
@@ -222,9 +228,11 @@ class Sweep:
             self.rows[(m, k, n)] = dict(shape=[m, k, n], status="untimed",
                                         default=candidates.name(default_config(m, k, (n,))),
                                         cublas_samples_us=[], results={})
-        if self.plan.around_table:
+        if self.plan.around_table or self.plan.pingpong:
+            variants = (candidates.pingpong_variants if self.plan.pingpong
+                        else candidates.in_flight_variants)
             for m, k, n in self.shapes:
-                self.visit((m, k, n), candidates.in_flight_variants(default_config(m, k, (n,))))
+                self.visit((m, k, n), variants(default_config(m, k, (n,))))
             self.write()
             return
         screen = ([s for s in self.shapes if self.plan.screen_all or s in self.plan.screen_shapes]

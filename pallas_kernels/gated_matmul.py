@@ -118,6 +118,8 @@ def gated_config(m: int, k: int, n: int, *, sms: int = hardware.H200_SMS,
 def check_gated_shapes(x, w_gate, w_up, config: TuningConfig) -> None:
     """Unsupported for what the kernel does not serve (gemm_config's rules, plus equal weights)."""
     check_shapes(x, [w_gate, w_up], config)
+    if config.pingpong:
+        raise Unsupported("the gated kernel's warpgroups split one CTA tile: no pingpong")
     if w_gate.shape != w_up.shape:
         raise Unsupported(f"W_gate {w_gate.shape} and W_up {w_up.shape} must have one shape")
     if config.tile_m == 128 and config.tile_n > 64:

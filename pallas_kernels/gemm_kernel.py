@@ -69,36 +69,37 @@ def for_weight(n_starts: Sequence[int], n_tiles: Sequence[int], tile, fn) -> Non
         pl.when((tile >= lo) & (tile < lo + count))(functools.partial(fn, i, tile - lo))
 
 
-def drain_releases(barriers, total: Array, depth: int) -> None:
-    """Wait on the last `depth` releases of a ring of `depth` barriers, so that no barrier
-    phase is left unobserved when the CTA exits (`total` releases issued so far)."""
+def drain_releases(barriers, total: Array, depth: int, offset: int | Array = 0) -> None:
+    """Wait on the last `depth` releases of a ring of `depth` barriers (from `offset` in the
+    array), so that no barrier phase is left unobserved when the CTA exits (`total` releases
+    issued so far)."""
 
     @pl.loop(jnp.maximum(total - depth, 0), total)
     def _drain(i):
-        plgpu.barrier_wait(barriers.at[lax.rem(i, depth)])
+        plgpu.barrier_wait(barriers.at[offset + lax.rem(i, depth)])
 
 
 def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: int,
-                      groups: int = 1) -> None:
+                      groups: int = 1, offset: int | Array = 0) -> None:
     """After K step `ki`'s wgmmas (`groups` of them) are issued: wait until at most
     `in_flight` steps' wgmmas still run, then release the slot of the step that finished
-    (this one, or with one in flight the one before)."""
+    (this one, or with one in flight the one before), in the ring starting at `offset`."""
     plgpu.wgmma_wait(in_flight * groups)
     if not in_flight:
-        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki, steps)])
+        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + ki, steps)])
         return
 
     @pl.when(ki > 0)
     def _():
-        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki - 1, steps)])
+        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + ki - 1, steps)])
 
 
 def release_last_slot(consumed, carry: Array, k_iters: int | Array, steps: int,
-                      in_flight: int) -> None:
+                      in_flight: int, offset: int | Array = 0) -> None:
     """After a tile's K-loop: with a step in flight, finish it and release its slot."""
     if in_flight:
         plgpu.wgmma_wait(0)
-        plgpu.barrier_arrive(consumed.at[lax.rem(carry + k_iters - 1, steps)])
+        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + k_iters - 1, steps)])
 
 
 def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
@@ -154,8 +155,10 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     n_iters = sum(n_tiles)
     n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
     weights_n = [w.shape[1] for w in w_gmems]
-    steps = config.max_concurrent_steps
+    steps, rings = config.max_concurrent_steps, config.rings
     num_mma_wgs, memory_wg = 2, 2
+    # Who releases a slot (and a tile's vectors): both MMA warpgroups, or its tile's owner.
+    releasers = 1 if config.pingpong else num_mma_wgs
     in_flight = config.wgmma_in_flight
     staging_slots = (residual_slots(config, jnp.dtype(dtype).itemsize) if epilogue.residual
                      else 2)
@@ -184,15 +187,17 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     owner = functools.partial(for_weight, n_starts, n_tiles)
 
     scratch = dict(
-        a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
+        # Ring r's slots are [r * steps, (r + 1) * steps).
+        a_smem=_swizzled((rings * steps, cta_tile_m, tile_k), dtype, tile_k),
         # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
-        b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
+        b_smem=_swizzled((rings * steps, tile_k, cta_tile_n), dtype, tile_n),
         # Output staging; with a residual, the slots each piece's residual lands in by TMA
         # and its y leaves from (`gemm_config.residual_slots`).
         out_smem=_swizzled((num_mma_wgs, staging_slots, epi_m, epi_n), out_dtype, epi_n),
         # Two TMA copies (A and B, and the gain's slice with one) arrive on each produced barrier.
-        produced=plgpu.Barrier(num_arrivals=2 + (gain_gmem is not None), num_barriers=steps),
-        consumed=plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=steps),
+        produced=plgpu.Barrier(num_arrivals=2 + (gain_gmem is not None),
+                               num_barriers=rings * steps),
+        consumed=plgpu.Barrier(num_arrivals=releasers, num_barriers=rings * steps),
     )
     if cluster is not None:
         # A slot is refilled (by both CTAs' multicasts) once both CTAs' consumers are done.
@@ -204,9 +209,9 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         scratch["row_smem"] = plgpu.SMEM((2, max(len(row_names), 1), cta_tile_m), jnp.float32)
         scratch["col_smem"] = plgpu.SMEM((2, max(len(col_names), 1), cta_tile_n), jnp.float32)
         scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
-        scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma_wgs, num_barriers=2)
+        scratch["vec_free"] = plgpu.Barrier(num_arrivals=releasers, num_barriers=2)
     if gain_gmem is not None:
-        scratch["gain_smem"] = plgpu.SMEM((steps, tile_k), dtype)
+        scratch["gain_smem"] = plgpu.SMEM((rings * steps, tile_k), dtype)
         if interpret:
             scratch["gained_smem"] = _swizzled((num_mma_wgs, tile_m, tile_k), dtype, tile_k)
     if stats_out_gmems is not None:
@@ -251,11 +256,15 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
                     owner(n_idx, load_columns)
 
+                # The tile's ring and its first step in that ring (`carry` with one ring).
+                ring = lax.rem(loop_info.local_index, rings)
+                step0 = lax.div(loop_info.local_index, rings) * k_iters
+
                 def issue(i, local_n):
                     @pl.loop(0, k_iters)
                     def _k(ki):
-                        step = carry + ki
-                        slot = lax.rem(step, steps)
+                        step = step0 + ki
+                        slot = ring * steps + lax.rem(step, steps)
 
                         # The slot is free once every consumer of its previous
                         # fill has arrived (the first `steps` fills need no wait).
@@ -284,14 +293,19 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 owner(n_idx, issue)
                 return carry + k_iters
 
-            drain_releases(consumed, total_steps, steps)
+            local_tiles = total_steps // k_iters
+            for r in range(rings):
+                drain_releases(consumed, (local_tiles + rings - 1 - r) // rings * k_iters, steps,
+                               offset=r * steps)
             if num_vectors:
-                drain_releases(vec_free, total_steps // k_iters, 2)
+                drain_releases(vec_free, local_tiles, 2)
 
         def mma_warpgroup():
             # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
             plgpu.set_max_registers(232, action="increase")
-            if config.wg_dimension == MatmulDimension.M:
+            if config.pingpong:
+                wg_m0, wg_n0 = 0, 0
+            elif config.wg_dimension == MatmulDimension.M:
                 wg_m0, wg_n0 = wg_idx * tile_m, 0
             else:
                 wg_m0, wg_n0 = 0, wg_idx * tile_n
@@ -300,86 +314,97 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
             def _tiles(loop_info, carry):
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 parity = lax.rem(loop_info.local_index, 2)
+                # With pingpong this warpgroup owns every other tile, from its own ring.
+                step0 = lax.div(loop_info.local_index, rings) * k_iters
+                offset = wg_idx * steps if config.pingpong else 0
 
-                def k_loop(acc_ref):
-                    def step_fn(ki, acc_ref):
-                        slot = lax.rem(carry + ki, steps)
-                        plgpu.barrier_wait(produced.at[slot])
-                        a = a_smem.at[slot, pl.ds(wg_m0, tile_m)]
-                        if gain_smem is not None:
-                            a = _gained(a, gain_smem.at[slot],
-                                        None if gained_smem is None else gained_smem.at[wg_idx])
-                        plgpu.wgmma(acc_ref, a, b_smem.at[slot, :, pl.ds(wg_n0, tile_n)])
-                        # A slot may be refilled only after the wgmma reading it is done.
-                        release_done_slot(consumed, carry, ki, steps, in_flight)
-                        return acc_ref
+                def tile():
+                    def k_loop(acc_ref):
+                        def step_fn(ki, acc_ref):
+                            slot = offset + lax.rem(step0 + ki, steps)
+                            plgpu.barrier_wait(produced.at[slot])
+                            a = a_smem.at[slot, pl.ds(wg_m0, tile_m)]
+                            if gain_smem is not None:
+                                a = _gained(a, gain_smem.at[slot],
+                                            None if gained_smem is None else gained_smem.at[wg_idx])
+                            plgpu.wgmma(acc_ref, a, b_smem.at[slot, :, pl.ds(wg_n0, tile_n)])
+                            # A slot may be refilled only after the wgmma reading it is done.
+                            release_done_slot(consumed, step0, ki, steps, in_flight,
+                                              offset=offset)
+                            return acc_ref
 
-                    lax.fori_loop(0, k_iters, step_fn, acc_ref)
-                    release_last_slot(consumed, carry, k_iters, steps, in_flight)
-                    return acc_ref[...]
+                        lax.fori_loop(0, k_iters, step_fn, acc_ref)
+                        release_last_slot(consumed, step0, k_iters, steps, in_flight,
+                                          offset=offset)
+                        return acc_ref[...]
 
-                residual = None
-                if residual_gmem is not None:
-                    residual = ResidualPieces(
-                        residual_gmem, out_smem.at[wg_idx], residual_ready, wg_idx, config,
-                        slots=staging_slots, row0=m_idx * cta_tile_m + wg_m0,
-                        col0=n_idx * cta_tile_n + wg_n0)
-                    residual.prefetch()
-                acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
+                    residual = None
+                    if residual_gmem is not None:
+                        residual = ResidualPieces(
+                            residual_gmem, out_smem.at[wg_idx], residual_ready, wg_idx, config,
+                            slots=staging_slots, row0=m_idx * cta_tile_m + wg_m0,
+                            col0=n_idx * cta_tile_n + wg_n0)
+                        residual.prefetch()
+                    acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
-                rows = pl.ds(wg_m0, tile_m)
-                cols = pl.ds(wg_n0, tile_n)
-                vectors = {}
-                if num_vectors:
-                    plgpu.barrier_wait(vec_ready.at[parity])
-                    for j, name in enumerate(row_names):
-                        vectors[name] = row_smem.at[parity, j, rows]
-                    for j, name in enumerate(col_names):
-                        vectors[name] = col_smem.at[parity, j, cols]
+                    rows = pl.ds(wg_m0, tile_m)
+                    cols = pl.ds(wg_n0, tile_n)
+                    vectors = {}
+                    if num_vectors:
+                        plgpu.barrier_wait(vec_ready.at[parity])
+                        for j, name in enumerate(row_names):
+                            vectors[name] = row_smem.at[parity, j, rows]
+                        for j, name in enumerate(col_names):
+                            vectors[name] = col_smem.at[parity, j, cols]
 
-                def store(src, r, c):
-                    def copy(i, local_n):
-                        col = local_n * cta_tile_n + wg_n0 + c
+                    def store(src, r, c):
+                        def copy(i, local_n):
+                            col = local_n * cta_tile_n + wg_n0 + c
 
-                        # A piece wholly past N_i is not stored: such a TMA store wrote over
-                        # the weight's valid columns on the H200 (docs/mosaic-notes.md).
-                        @pl.when(col < weights_n[i])
-                        def _():
-                            plgpu.copy_smem_to_gmem(
-                                src,
-                                out_gmems[i].at[
-                                    pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
-                                    pl.ds(col, epi_n),
-                                ],
-                            )
+                            # A piece wholly past N_i is not stored: such a TMA store wrote over
+                            # the weight's valid columns on the H200 (docs/mosaic-notes.md).
+                            @pl.when(col < weights_n[i])
+                            def _():
+                                plgpu.copy_smem_to_gmem(
+                                    src,
+                                    out_gmems[i].at[
+                                        pl.ds(m_idx * cta_tile_m + wg_m0 + r, epi_m),
+                                        pl.ds(col, epi_n),
+                                    ],
+                                )
 
-                    owner(n_idx, copy)
+                        owner(n_idx, copy)
 
-                row_stats = None
-                if stats_out_gmems is not None:
-                    part = n_idx * wg_parts + (wg_idx if wg_parts == 2 else 0)
-                    row_stats = (
-                        stats_out_smem.at[wg_idx],
-                        [g.at[part, pl.ds(m_idx * cta_tile_m + wg_m0, tile_m)]
-                         for g in stats_out_gmems],
+                    row_stats = None
+                    if stats_out_gmems is not None:
+                        part = n_idx * wg_parts + (wg_idx if wg_parts == 2 else 0)
+                        row_stats = (
+                            stats_out_smem.at[wg_idx],
+                            [g.at[part, pl.ds(m_idx * cta_tile_m + wg_m0, tile_m)]
+                             for g in stats_out_gmems],
+                        )
+                    _epilogue(
+                        acc,
+                        wg_idx=wg_idx,
+                        out_smem=out_smem,
+                        store=store,
+                        vectors=vectors,
+                        row_stats=row_stats,
+                        residual=residual,
+                        config=config,
+                        out_dtype=out_dtype,
+                        ragged=any(n % cta_tile_n for n in weights_n),
                     )
-                _epilogue(
-                    acc,
-                    wg_idx=wg_idx,
-                    out_smem=out_smem,
-                    store=store,
-                    vectors=vectors,
-                    row_stats=row_stats,
-                    residual=residual,
-                    config=config,
-                    out_dtype=out_dtype,
-                    ragged=any(n % cta_tile_n for n in weights_n),
-                )
-                # Release this tile's vectors; the fence orders the reads above
-                # before the TMA writes that will refill the buffer.
-                if num_vectors:
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(vec_free.at[parity])
+                    # Release this tile's vectors; the fence orders the reads above
+                    # before the TMA writes that will refill the buffer.
+                    if num_vectors:
+                        plgpu.commit_smem()
+                        plgpu.barrier_arrive(vec_free.at[parity])
+
+                if config.pingpong:
+                    pl.when(parity == wg_idx)(tile)
+                else:
+                    tile()
                 return carry + k_iters
 
         lax.cond(wg_idx == memory_wg, memory_warpgroup, mma_warpgroup)

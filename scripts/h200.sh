@@ -21,6 +21,7 @@
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
+#   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
@@ -115,6 +116,10 @@ for name in "$@"; do
       stage gemm_table 30 python3 -m bench.gemm_sweep --write-table ${SWEEP_PRIOR:-} \
         "$WORK/gemm_screen/gemm_sweep.json"
       cp pallas_kernels/gemm_configs.py "$WORK/" ;;
+    gemm-pingpong)  # [SHAPES=MxKxN,...]: each shape's table pick against pingpong warpgroups
+      stage gemm_pingpong "${SWEEP_LIMIT:-260}" python3 -m bench.gemm_sweep --pingpong \
+        ${SHAPES:+--shapes "$SHAPES"} --budget-s $(( ${SWEEP_LIMIT:-260} - 25 )) \
+        --out "$WORK/gemm_pingpong" ;;
     gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench --out "$WORK/gated" ;;
     residual-gemm) bench residual_gemm "${RESIDUAL_LIMIT:-100}" --suite residual-gemm ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;

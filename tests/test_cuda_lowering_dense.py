@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import hardware
+from pallas_kernels import gemm_config, hardware
 from pallas_kernels import lazy_norm_matmul as lz
 from pallas_kernels import plain_matmul as pm
 
@@ -26,6 +26,11 @@ BF16 = jnp.bfloat16
 SHAPES = [(8192, 4096, 14336), (16, 4096, 6144), (4096, 8192, 8192), (1, 4096, 4096)]
 MORE_SHAPES = [(300, 4096, 4096), (13, 4096, 4096), (8191, 4096, 4096), (2048, 4096, 6144),
                (16, 4096, 14336), (65536, 4096, 4096)]
+
+
+# Each MMA warpgroup a whole 128 x 128 tile, from its own ring of two slots.
+PINGPONG = gemm_config.TuningConfig(tile_m=128, tile_n=128, max_concurrent_steps=2,
+                                    pingpong=True)
 
 
 def _variants(m: int, k: int, n: int) -> dict:
@@ -48,6 +53,8 @@ def _variants(m: int, k: int, n: int) -> dict:
                 x, [w, w2], scale=g, scale_offset=1.0, gain_in_kernel=True,
                 config=dataclasses.replace(cfg, cluster_dimension=None, wgmma_in_flight=0)),
             (x, w, w2, g)),
+        "pingpong": (
+            lambda x, w: pm.plain_matmul(x, w, config=PINGPONG), (x, w)),
         "rms_two_weights_row_stats": (
             lambda x, w, w2: lz.lazy_rms_matmul(x, [w, w2], config=cfg,
                                                 return_row_stats=True), (x, w, w2)),

@@ -182,3 +182,16 @@ def test_screen_all_screens_every_listed_shape(tmp_path):
     for row in doc["shapes"]:
         assert row["status"] == "timed"
         assert len(row["results"]) > 1 + gemm_sweep.QUICK_PLAN.max_screen, row["shape"]
+
+
+def test_pingpong_times_each_pick_and_its_pingpong_variants(tmp_path):
+    doc = _run(tmp_path, "--shapes", "128x64x512", "--pingpong")
+    (row,) = doc["shapes"]
+    pick = gemm_config.default_config(128, 64, (512,))
+    variants = gemm_candidates.pingpong_variants(pick)
+    assert len(variants) == len(gemm_candidates.PINGPONG_TILES)
+    assert all(v.pingpong and v.cluster_dimension is None and gemm_candidates.fits(v)
+               for v in variants)
+    assert set(row["results"]) == {gemm_candidates.name(c) for c in [pick, *variants]}
+    for result in row["results"].values():
+        assert result["status"] == "ok" and result["rel_error"] <= gemm_sweep.REL_TOL

@@ -10,6 +10,7 @@ test_cuda_lowering_dense.py and run on the H200 by bench/gpu/check_kernels.py.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import jax
@@ -136,6 +137,12 @@ def test_row_statistics_need_whole_warpgroup_tiles(request):
         (100, None),  # rows padded to 104 for TMA
         # One wgmma step in flight, two slots: each released a step late, across tiles.
         (300, gemm_config.TuningConfig(max_concurrent_steps=2, wgmma_in_flight=1)),
+        # Pingpong: the warpgroups take every other tile (an odd count per CTA), each from
+        # its own ring of two slots; and with a step in flight.
+        (320, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+                                       pingpong=True)),
+        (200, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3,
+                                       pingpong=True, wgmma_in_flight=1)),
     ],
 )
 def test_plain_matmul(m, config, request):
@@ -232,3 +239,33 @@ def test_column_gain_declines_clusters_and_wgmma_in_flight(request):
                        cluster_dimension=gemm_config.MatmulDimension.M)):
         with pytest.raises(Unsupported, match="column gain"):
             _lazy("rms", inputs, gain_in_kernel=True, config=config)
+
+
+def test_pingpong_with_row_statistics_vectors_and_the_gain_in_the_mainloop(request):
+    """Pingpong warpgroups with every epilogue vector (row scale, bias), the row statistics out
+    and the unfolded gain applied in the mainloop, over several tiles per CTA."""
+    config = gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+                                      pingpong=True)
+    inputs = _inputs(_rng(request), 200, 128, (192, 64), scale=True, bias=(True, False))
+    outs, stats = _lazy("rms", inputs, gain_in_kernel=True, config=config,
+                        return_row_stats=True)
+    assert_race_free()
+    assert _judge(outs, inputs, "rms") <= 1.0
+    for y, (sums, m2s) in zip(outs, stats):
+        mean, m2 = row_stats.from_partials(sums, m2s,
+                                           gemm_config.part_columns(y.shape[1], config))
+        assert check_statistics_of_rounded(y, mean, m2) <= 1.0
+
+
+def test_pingpong_declines_clusters_and_the_gated_kernel(request):
+    inputs = _inputs(_rng(request), 256, 128, (128,))
+    config = gemm_config.TuningConfig(tile_m=64, tile_n=64, pingpong=True,
+                                      cluster_dimension=gemm_config.MatmulDimension.N)
+    with pytest.raises(Unsupported, match="pingpong"):
+        _lazy("rms", inputs, config=config)
+    from pallas_kernels import gated_matmul
+
+    w = inputs["kernel"][0]
+    with pytest.raises(Unsupported, match="pingpong"):
+        gated_matmul.check_gated_shapes(inputs["x"], w, w, dataclasses.replace(
+            config, cluster_dimension=None))

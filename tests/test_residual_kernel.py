@@ -56,8 +56,10 @@ def _run(inputs, config):
     (16, 128, 256, None, True, 0.0),
     (300, 64, 128, None, True, 0.0),
     (200, 128, 512, dataclasses.replace(PIECES, wgmma_in_flight=1), True, 0.0),
+    (200, 128, 384, dataclasses.replace(PIECES, pingpong=True, max_concurrent_steps=2), True,
+     1e3),
 ], ids=["pieces_two_n_tiles", "pieces_mean_1e3", "stacked_mean_1e3", "decode_default",
-        "default_three_row_blocks", "wgmma_in_flight"])
+        "default_three_row_blocks", "wgmma_in_flight", "pingpong"])
 def test_residual_kernel_matches_float64(case, request):
     m, k, n, config, bias, mean_ratio = case
     inputs = residual_inputs(_rng(request), (m,), k, n, bias=bias, mean_ratio=mean_ratio)
