@@ -69,6 +69,11 @@ def for_weight(n_starts: Sequence[int], n_tiles: Sequence[int], tile, fn) -> Non
         pl.when((tile >= lo) & (tile < lo + count))(functools.partial(fn, i, tile - lo))
 
 
+def _in_ring(offset: int | Array, index: Array) -> Array:
+    """Barrier `index` of the ring that starts at `offset` (no op for the first ring)."""
+    return index if isinstance(offset, int) and offset == 0 else offset + index
+
+
 def drain_releases(barriers, total: Array, depth: int, offset: int | Array = 0) -> None:
     """Wait on the last `depth` releases of a ring of `depth` barriers (from `offset` in the
     array), so that no barrier phase is left unobserved when the CTA exits (`total` releases
@@ -76,7 +81,7 @@ def drain_releases(barriers, total: Array, depth: int, offset: int | Array = 0) 
 
     @pl.loop(jnp.maximum(total - depth, 0), total)
     def _drain(i):
-        plgpu.barrier_wait(barriers.at[offset + lax.rem(i, depth)])
+        plgpu.barrier_wait(barriers.at[_in_ring(offset, lax.rem(i, depth))])
 
 
 def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: int,
@@ -86,12 +91,12 @@ def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: 
     (this one, or with one in flight the one before), in the ring starting at `offset`."""
     plgpu.wgmma_wait(in_flight * groups)
     if not in_flight:
-        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + ki, steps)])
+        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + ki, steps))])
         return
 
     @pl.when(ki > 0)
     def _():
-        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + ki - 1, steps)])
+        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + ki - 1, steps))])
 
 
 def release_last_slot(consumed, carry: Array, k_iters: int | Array, steps: int,
@@ -99,7 +104,7 @@ def release_last_slot(consumed, carry: Array, k_iters: int | Array, steps: int,
     """After a tile's K-loop: with a step in flight, finish it and release its slot."""
     if in_flight:
         plgpu.wgmma_wait(0)
-        plgpu.barrier_arrive(consumed.at[offset + lax.rem(carry + k_iters - 1, steps)])
+        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + k_iters - 1, steps))])
 
 
 def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
@@ -256,15 +261,17 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
                     owner(n_idx, load_columns)
 
-                # The tile's ring and its first step in that ring (`carry` with one ring).
-                ring = lax.rem(loop_info.local_index, rings)
-                step0 = lax.div(loop_info.local_index, rings) * k_iters
+                # The tile's ring (pingpong: its owner's) and its first step in that ring.
+                ring, step0 = 0, carry
+                if rings > 1:
+                    ring = lax.rem(loop_info.local_index, rings)
+                    step0 = lax.div(loop_info.local_index, rings) * k_iters
 
                 def issue(i, local_n):
                     @pl.loop(0, k_iters)
                     def _k(ki):
                         step = step0 + ki
-                        slot = ring * steps + lax.rem(step, steps)
+                        slot = _in_ring(ring * steps, lax.rem(step, steps))
 
                         # The slot is free once every consumer of its previous
                         # fill has arrived (the first `steps` fills need no wait).
@@ -293,12 +300,15 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 owner(n_idx, issue)
                 return carry + k_iters
 
-            local_tiles = total_steps // k_iters
-            for r in range(rings):
-                drain_releases(consumed, (local_tiles + rings - 1 - r) // rings * k_iters, steps,
-                               offset=r * steps)
+            if rings == 1:
+                drain_releases(consumed, total_steps, steps)
+            else:
+                local_tiles = total_steps // k_iters
+                for r in range(rings):
+                    drain_releases(consumed, (local_tiles + rings - 1 - r) // rings * k_iters,
+                                   steps, offset=r * steps)
             if num_vectors:
-                drain_releases(vec_free, local_tiles, 2)
+                drain_releases(vec_free, total_steps // k_iters, 2)
 
         def mma_warpgroup():
             # Registers per thread: 2 x 232 + 40 (memory) = 504 <= 512.
@@ -315,13 +325,15 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 parity = lax.rem(loop_info.local_index, 2)
                 # With pingpong this warpgroup owns every other tile, from its own ring.
-                step0 = lax.div(loop_info.local_index, rings) * k_iters
-                offset = wg_idx * steps if config.pingpong else 0
+                step0, offset = carry, 0
+                if config.pingpong:
+                    step0 = lax.div(loop_info.local_index, rings) * k_iters
+                    offset = wg_idx * steps
 
                 def tile():
                     def k_loop(acc_ref):
                         def step_fn(ki, acc_ref):
-                            slot = offset + lax.rem(step0 + ki, steps)
+                            slot = _in_ring(offset, lax.rem(step0 + ki, steps))
                             plgpu.barrier_wait(produced.at[slot])
                             a = a_smem.at[slot, pl.ds(wg_m0, tile_m)]
                             if gain_smem is not None:
