@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from bench import ledger
 from bench.cases import Case, Spec
-from bench.impls import REGISTRY, Fn, register, stock_rms_norm
+from bench.impls import EPS, REGISTRY, Fn, register, stock_rms_norm
 
 M = 8192
 KNS = ((4096, 4096), (14336, 4096), (2048, 2048), (8192, 2048), (2048, 3072))
@@ -100,7 +100,7 @@ def _jaxnorm_given(case: Case) -> Fn:
     def fn(h: jax.Array, scale: jax.Array, w: jax.Array, mean: jax.Array,
            m2: jax.Array) -> jax.Array:
         stats = jaxnorm.RowStats(mean, m2, case.k)
-        return jaxnorm.rms_norm_dense(h, scale, w, statistics=stats, impl=KERNEL_IMPL)
+        return jaxnorm.rms_norm_dense(h, scale, w, statistics=stats, eps=EPS, impl=KERNEL_IMPL)
 
     return fn
 
@@ -111,6 +111,7 @@ def _gain_in_mainloop_given(case: Case) -> Fn:
     mainloop (`lazy_rms_matmul(gain_in_kernel=True)`) instead of an XLA pass over x."""
     import dataclasses
 
+    from jaxnorm import row_stats
     from pallas_kernels import lazy_norm_matmul as lz
 
     config = dataclasses.replace(lz.default_config(case.m, case.k, list(case.ns)),
@@ -118,7 +119,7 @@ def _gain_in_mainloop_given(case: Case) -> Fn:
 
     def fn(h: jax.Array, scale: jax.Array, w: jax.Array, mean: jax.Array,
            m2: jax.Array) -> jax.Array:
-        row_scale = jax.lax.rsqrt(m2 / case.k + mean * mean + 1e-6)
+        row_scale = row_stats.rms_inverse(row_stats.RowStats(mean, m2, case.k), EPS)
         (y,) = lz.lazy_rms_matmul(h, [w], scale=scale, row_scale=row_scale, gain_in_kernel=True,
                                   config=config, interpret=KERNEL_IMPL == "interpret")
         return y

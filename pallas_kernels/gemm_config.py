@@ -194,9 +194,8 @@ def check_epilogue(
         raise ValueError("pass a residual exactly when the epilogue adds one")
     if config.pingpong and config.cluster_dimension is not None:
         raise Unsupported("pingpong warpgroups take whole tiles of one CTA: no 2-CTA cluster")
-    itemsize = jnp.dtype(x.dtype).itemsize
-    if config.pingpong and smem_bytes(config, itemsize, epilogue.residual) > \
-            hardware.SMEM_BYTES_PER_CTA:
+    if config.pingpong and (smem_bytes(config, jnp.dtype(x.dtype).itemsize, epilogue.residual)
+                            > hardware.SMEM_BYTES_PER_CTA):
         raise Unsupported(f"{config}: two rings of {config.max_concurrent_steps} slots need more "
                           "shared memory than a CTA has")
     if epilogue.column_gain and config.cluster_dimension is not None:

@@ -191,6 +191,13 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
     owner = functools.partial(for_weight, n_starts, n_tiles)
 
+    def ring_and_start(local_index, carry):
+        """A tile's ring (pingpong: its owner's) and its first step in that ring; with one
+        ring, ring 0 and the CTA's step counter `carry`."""
+        if rings == 1:
+            return 0, carry
+        return lax.rem(local_index, rings), lax.div(local_index, rings) * k_iters
+
     scratch = dict(
         # Ring r's slots are [r * steps, (r + 1) * steps).
         a_smem=_swizzled((rings * steps, cta_tile_m, tile_k), dtype, tile_k),
@@ -234,6 +241,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
             @plgpu.nd_loop((walk[0] * walk[1],), collective_axes="sm", init_carry=jnp.int32(0))
             def total_steps(loop_info, carry):
+                ring, step0 = ring_and_start(loop_info.local_index, carry)
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 if num_vectors:
                     parity = lax.rem(loop_info.local_index, 2)
@@ -260,12 +268,6 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                             )
 
                     owner(n_idx, load_columns)
-
-                # The tile's ring (pingpong: its owner's) and its first step in that ring.
-                ring, step0 = 0, carry
-                if rings > 1:
-                    ring = lax.rem(loop_info.local_index, rings)
-                    step0 = lax.div(loop_info.local_index, rings) * k_iters
 
                 def issue(i, local_n):
                     @pl.loop(0, k_iters)
@@ -324,11 +326,9 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
             def _tiles(loop_info, carry):
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 parity = lax.rem(loop_info.local_index, 2)
-                # With pingpong this warpgroup owns every other tile, from its own ring.
-                step0, offset = carry, 0
-                if config.pingpong:
-                    step0 = lax.div(loop_info.local_index, rings) * k_iters
-                    offset = wg_idx * steps
+                # With pingpong this warpgroup owns every other tile (ring == parity == wg_idx).
+                ring, step0 = ring_and_start(loop_info.local_index, carry)
+                offset = ring * steps
 
                 def tile():
                     def k_loop(acc_ref):

@@ -193,13 +193,9 @@ def lazy_rms_matmul(
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
     config = _resolve_config(x, weights, config)
-    gain = _gain(scale, scale_offset)
-    if gain is not None and gain_in_kernel:
-        if row_scale is None:
-            row_scale = rms_row_scale(x, eps)
-        return _run(x, weights, config=config, epilogue=Epilogue(row_scale=True),
-                    row_scale=row_scale, row_shift=None, col_sums=None, biases=biases,
-                    return_row_stats=return_row_stats, interpret=interpret, column_gain=gain)
+    # The gain scales each x tile in the mainloop, or x or the weights in an XLA pass.
+    column_gain = _gain(scale, scale_offset) if gain_in_kernel else None
+    gain = None if gain_in_kernel else _gain(scale, scale_offset)
     if gain is not None and x.shape[0] <= 2 * sum(w.shape[1] for w in weights):
         # One pass over x yields both the statistic and the scaled operand.
         if row_scale is None:
@@ -220,6 +216,7 @@ def lazy_rms_matmul(
         biases=biases,
         return_row_stats=return_row_stats,
         interpret=interpret,
+        column_gain=column_gain,
     )
 
 
