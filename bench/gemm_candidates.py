@@ -96,19 +96,22 @@ def in_flight_variants(config: TuningConfig) -> list[TuningConfig]:
 
 
 # Warpgroup tiles of the pingpong candidates: each MMA warpgroup owns a whole CTA tile.
-PINGPONG_TILES = ((128, 128), (64, 256), (128, 64))
+PINGPONG_TILES = ((128, 128), (64, 256))
 
 
 def pingpong_variants(config: TuningConfig) -> list[TuningConfig]:
     """Pingpong warpgroups (`TuningConfig.pingpong`) at PINGPONG_TILES with `config`'s grid
-    order, no cluster, each with the deepest pair of rings (>= 2 slots each) that fits."""
+    order, no cluster, each with the deepest ring (>= 2 slots) that fits, waiting on every
+    K step's wgmmas or leaving one in flight (only one warpgroup is in its mainloop at a
+    time, so a wait per step idles the tensor cores)."""
     out = []
     for tile_m, tile_n in PINGPONG_TILES:
-        base = dataclasses.replace(config, tile_m=tile_m, tile_n=tile_n, pingpong=True,
-                                   cluster_dimension=None, wgmma_in_flight=0,
-                                   epi_tile_m=min(config.epi_tile_m, tile_m),
-                                   epi_tile_n=min(config.epi_tile_n, tile_n))
-        fitted = (dataclasses.replace(base, max_concurrent_steps=steps)
-                  for steps in range(MAX_STEPS, 1, -1))
-        out.append(next((c for c in fitted if fits(c)), None))
+        for in_flight in (0, 1):
+            base = dataclasses.replace(config, tile_m=tile_m, tile_n=tile_n, pingpong=True,
+                                       cluster_dimension=None, wgmma_in_flight=in_flight,
+                                       epi_tile_m=min(config.epi_tile_m, tile_m),
+                                       epi_tile_n=min(config.epi_tile_n, tile_n))
+            fitted = (dataclasses.replace(base, max_concurrent_steps=steps)
+                      for steps in range(MAX_STEPS, 1, -1))
+            out.append(next((c for c in fitted if fits(c)), None))
     return _unique(out)

@@ -49,8 +49,8 @@ class TuningConfig:
     releases each pipeline slot a step late, so the tensor cores never wait for the
     issuing warps (one slot fewer for the TMA to run ahead); 0 waits every step.
     `pingpong`: the two MMA warpgroups take whole CTA tiles in turn (tile_m x tile_n each,
-    `wg_dimension` unused), each from its own ring of `max_concurrent_steps` slots, so one
-    warpgroup's epilogue runs while the other's mainloop keeps the tensor cores busy.
+    `wg_dimension` unused) from one ring filled in tile order, so one warpgroup's epilogue
+    runs while the other's mainloop keeps the tensor cores busy.
     """
 
     tile_m: int = 128
@@ -75,11 +75,6 @@ class TuningConfig:
     def cta_tile_n(self) -> int:
         return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N and not self.pingpong
                               else 1)
-
-    @property
-    def rings(self) -> int:
-        """Pipeline rings: one shared by both MMA warpgroups, or one each (`pingpong`)."""
-        return 2 if self.pingpong else 1
 
 
 def config_fields(config: TuningConfig) -> dict[str, int | str]:
@@ -194,10 +189,6 @@ def check_epilogue(
         raise ValueError("pass a residual exactly when the epilogue adds one")
     if config.pingpong and config.cluster_dimension is not None:
         raise Unsupported("pingpong warpgroups take whole tiles of one CTA: no 2-CTA cluster")
-    if config.pingpong and (smem_bytes(config, jnp.dtype(x.dtype).itemsize, epilogue.residual)
-                            > hardware.SMEM_BYTES_PER_CTA):
-        raise Unsupported(f"{config}: two rings of {config.max_concurrent_steps} slots need more "
-                          "shared memory than a CTA has")
     if epilogue.column_gain and config.cluster_dimension is not None:
         raise Unsupported("a column gain is applied per CTA: no 2-CTA cluster")
     if epilogue.column_gain and config.wgmma_in_flight:
@@ -253,7 +244,7 @@ def smem_bytes(config: TuningConfig, itemsize: int, residual: bool = False, *,
     out = 2 * slots * config.epi_tile_m * config.epi_tile_n * itemsize
     vectors = 4 * (2 * 2 * config.cta_tile_m + 2 * 2 * config.cta_tile_n + 2 * 2 * config.cta_tile_m
                    + 2 * 2 * config.tile_m)
-    return stage * config.max_concurrent_steps * config.rings + out + vectors + 512
+    return stage * config.max_concurrent_steps + out + vectors + 512
 
 
 def residual_slots(config: TuningConfig, itemsize: int) -> int:

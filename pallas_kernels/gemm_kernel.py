@@ -69,42 +69,36 @@ def for_weight(n_starts: Sequence[int], n_tiles: Sequence[int], tile, fn) -> Non
         pl.when((tile >= lo) & (tile < lo + count))(functools.partial(fn, i, tile - lo))
 
 
-def _in_ring(offset: int | Array, index: Array) -> Array:
-    """Barrier `index` of the ring that starts at `offset` (no op for the first ring)."""
-    return index if isinstance(offset, int) and offset == 0 else offset + index
-
-
-def drain_releases(barriers, total: Array, depth: int, offset: int | Array = 0) -> None:
-    """Wait on the last `depth` releases of a ring of `depth` barriers (from `offset` in the
-    array), so that no barrier phase is left unobserved when the CTA exits (`total` releases
-    issued so far)."""
+def drain_releases(barriers, total: Array, depth: int) -> None:
+    """Wait on the last `depth` releases of a ring of `depth` barriers, so that no barrier
+    phase is left unobserved when the CTA exits (`total` releases issued so far)."""
 
     @pl.loop(jnp.maximum(total - depth, 0), total)
     def _drain(i):
-        plgpu.barrier_wait(barriers.at[_in_ring(offset, lax.rem(i, depth))])
+        plgpu.barrier_wait(barriers.at[lax.rem(i, depth)])
 
 
 def release_done_slot(consumed, carry: Array, ki: Array, steps: int, in_flight: int,
-                      groups: int = 1, offset: int | Array = 0) -> None:
+                      groups: int = 1) -> None:
     """After K step `ki`'s wgmmas (`groups` of them) are issued: wait until at most
     `in_flight` steps' wgmmas still run, then release the slot of the step that finished
-    (this one, or with one in flight the one before), in the ring starting at `offset`."""
+    (this one, or with one in flight the one before)."""
     plgpu.wgmma_wait(in_flight * groups)
     if not in_flight:
-        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + ki, steps))])
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki, steps)])
         return
 
     @pl.when(ki > 0)
     def _():
-        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + ki - 1, steps))])
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + ki - 1, steps)])
 
 
 def release_last_slot(consumed, carry: Array, k_iters: int | Array, steps: int,
-                      in_flight: int, offset: int | Array = 0) -> None:
+                      in_flight: int) -> None:
     """After a tile's K-loop: with a step in flight, finish it and release its slot."""
     if in_flight:
         plgpu.wgmma_wait(0)
-        plgpu.barrier_arrive(consumed.at[_in_ring(offset, lax.rem(carry + k_iters - 1, steps))])
+        plgpu.barrier_arrive(consumed.at[lax.rem(carry + k_iters - 1, steps)])
 
 
 def _swizzled(shape: tuple[int, ...], dtype: jnp.dtype, width: int) -> plgpu.SMEM:
@@ -160,10 +154,14 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
     n_iters = sum(n_tiles)
     n_starts = [sum(n_tiles[:i]) for i in range(num_weights)]
     weights_n = [w.shape[1] for w in w_gmems]
-    steps, rings = config.max_concurrent_steps, config.rings
+    steps = config.max_concurrent_steps
     num_mma_wgs, memory_wg = 2, 2
     # Who releases a slot (and a tile's vectors): both MMA warpgroups, or its tile's owner.
     releasers = 1 if config.pingpong else num_mma_wgs
+    # Pingpong: one ring of slots, filled in tile order, but a set of fill barriers per
+    # owner, so each warpgroup waits on every phase of its own barriers (Pallas tracks a
+    # barrier's phase by counting the waiting warpgroup's own waits).
+    fill_sets = num_mma_wgs if config.pingpong else 1
     in_flight = config.wgmma_in_flight
     staging_slots = (residual_slots(config, jnp.dtype(dtype).itemsize) if epilogue.residual
                      else 2)
@@ -191,25 +189,23 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
     owner = functools.partial(for_weight, n_starts, n_tiles)
 
-    def ring_and_start(local_index, carry):
-        """A tile's ring (pingpong: its owner's) and its first step in that ring; with one
-        ring, ring 0 and the CTA's step counter `carry`."""
-        if rings == 1:
-            return 0, carry
-        return lax.rem(local_index, rings), lax.div(local_index, rings) * k_iters
+    def filled(produced, local_index, slot):
+        """The barrier a slot's fill arrives on: with pingpong, the tile owner's set."""
+        if fill_sets == 1:
+            return produced.at[slot]
+        return produced.at[lax.rem(local_index, fill_sets) * steps + slot]
 
     scratch = dict(
-        # Ring r's slots are [r * steps, (r + 1) * steps).
-        a_smem=_swizzled((rings * steps, cta_tile_m, tile_k), dtype, tile_k),
+        a_smem=_swizzled((steps, cta_tile_m, tile_k), dtype, tile_k),
         # Swizzled by the per-warpgroup width, so each warpgroup's half is a whole swizzle tile.
-        b_smem=_swizzled((rings * steps, tile_k, cta_tile_n), dtype, tile_n),
+        b_smem=_swizzled((steps, tile_k, cta_tile_n), dtype, tile_n),
         # Output staging; with a residual, the slots each piece's residual lands in by TMA
         # and its y leaves from (`gemm_config.residual_slots`).
         out_smem=_swizzled((num_mma_wgs, staging_slots, epi_m, epi_n), out_dtype, epi_n),
         # Two TMA copies (A and B, and the gain's slice with one) arrive on each produced barrier.
         produced=plgpu.Barrier(num_arrivals=2 + (gain_gmem is not None),
-                               num_barriers=rings * steps),
-        consumed=plgpu.Barrier(num_arrivals=releasers, num_barriers=rings * steps),
+                               num_barriers=fill_sets * steps),
+        consumed=plgpu.Barrier(num_arrivals=releasers, num_barriers=steps),
     )
     if cluster is not None:
         # A slot is refilled (by both CTAs' multicasts) once both CTAs' consumers are done.
@@ -223,7 +219,7 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
         scratch["vec_ready"] = plgpu.Barrier(num_arrivals=num_vectors, num_barriers=2)
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=releasers, num_barriers=2)
     if gain_gmem is not None:
-        scratch["gain_smem"] = plgpu.SMEM((rings * steps, tile_k), dtype)
+        scratch["gain_smem"] = plgpu.SMEM((steps, tile_k), dtype)
         if interpret:
             scratch["gained_smem"] = _swizzled((num_mma_wgs, tile_m, tile_k), dtype, tile_k)
     if stats_out_gmems is not None:
@@ -241,7 +237,6 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
 
             @plgpu.nd_loop((walk[0] * walk[1],), collective_axes="sm", init_carry=jnp.int32(0))
             def total_steps(loop_info, carry):
-                ring, step0 = ring_and_start(loop_info.local_index, carry)
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 if num_vectors:
                     parity = lax.rem(loop_info.local_index, 2)
@@ -272,8 +267,9 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                 def issue(i, local_n):
                     @pl.loop(0, k_iters)
                     def _k(ki):
-                        step = step0 + ki
-                        slot = _in_ring(ring * steps, lax.rem(step, steps))
+                        step = carry + ki
+                        slot = lax.rem(step, steps)
+                        fill = filled(produced, loop_info.local_index, slot)
 
                         # The slot is free once every consumer of its previous
                         # fill has arrived (the first `steps` fills need no wait).
@@ -286,29 +282,22 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
                         plgpu.copy_gmem_to_smem(
                             x_gmem.at[pl.ds(m_idx * cta_tile_m, cta_tile_m), k_slice],
                             a_smem.at[slot],
-                            produced.at[slot],
+                            fill,
                             collective_axes=shared(MatmulDimension.N),
                         )
                         plgpu.copy_gmem_to_smem(
                             w_gmems[i].at[k_slice, pl.ds(local_n * cta_tile_n, cta_tile_n)],
                             b_smem.at[slot],
-                            produced.at[slot],
+                            fill,
                             collective_axes=shared(MatmulDimension.M),
                         )
                         if gain_gmem is not None:
-                            plgpu.copy_gmem_to_smem(gain_gmem.at[k_slice], gain_smem.at[slot],
-                                                    produced.at[slot])
+                            plgpu.copy_gmem_to_smem(gain_gmem.at[k_slice], gain_smem.at[slot], fill)
 
                 owner(n_idx, issue)
                 return carry + k_iters
 
-            if rings == 1:
-                drain_releases(consumed, total_steps, steps)
-            else:
-                local_tiles = total_steps // k_iters
-                for r in range(rings):
-                    drain_releases(consumed, (local_tiles + rings - 1 - r) // rings * k_iters,
-                                   steps, offset=r * steps)
+            drain_releases(consumed, total_steps, steps)
             if num_vectors:
                 drain_releases(vec_free, total_steps // k_iters, 2)
 
@@ -326,28 +315,24 @@ def _kernel(*refs, num_weights: int, config: TuningConfig, epilogue: Epilogue, n
             def _tiles(loop_info, carry):
                 m_idx, n_idx = tile_coords(loop_info.index[0])
                 parity = lax.rem(loop_info.local_index, 2)
-                # With pingpong this warpgroup owns every other tile (ring == parity == wg_idx).
-                ring, step0 = ring_and_start(loop_info.local_index, carry)
-                offset = ring * steps
+                # With pingpong this warpgroup owns every other tile (parity == wg_idx).
 
                 def tile():
                     def k_loop(acc_ref):
                         def step_fn(ki, acc_ref):
-                            slot = _in_ring(offset, lax.rem(step0 + ki, steps))
-                            plgpu.barrier_wait(produced.at[slot])
+                            slot = lax.rem(carry + ki, steps)
+                            plgpu.barrier_wait(filled(produced, loop_info.local_index, slot))
                             a = a_smem.at[slot, pl.ds(wg_m0, tile_m)]
                             if gain_smem is not None:
                                 a = _gained(a, gain_smem.at[slot],
                                             None if gained_smem is None else gained_smem.at[wg_idx])
                             plgpu.wgmma(acc_ref, a, b_smem.at[slot, :, pl.ds(wg_n0, tile_n)])
                             # A slot may be refilled only after the wgmma reading it is done.
-                            release_done_slot(consumed, step0, ki, steps, in_flight,
-                                              offset=offset)
+                            release_done_slot(consumed, carry, ki, steps, in_flight)
                             return acc_ref
 
                         lax.fori_loop(0, k_iters, step_fn, acc_ref)
-                        release_last_slot(consumed, step0, k_iters, steps, in_flight,
-                                          offset=offset)
+                        release_last_slot(consumed, carry, k_iters, steps, in_flight)
                         return acc_ref[...]
 
                     residual = None

@@ -28,8 +28,8 @@ MORE_SHAPES = [(300, 4096, 4096), (13, 4096, 4096), (8191, 4096, 4096), (2048, 4
                (16, 4096, 14336), (65536, 4096, 4096)]
 
 
-# Each MMA warpgroup a whole 128 x 128 tile, from its own ring of two slots.
-PINGPONG = gemm_config.TuningConfig(tile_m=128, tile_n=128, max_concurrent_steps=2,
+# Each MMA warpgroup a whole 128 x 128 tile, from one ring of five slots.
+PINGPONG = gemm_config.TuningConfig(tile_m=128, tile_n=128, max_concurrent_steps=5,
                                     pingpong=True)
 
 

@@ -137,9 +137,9 @@ def test_row_statistics_need_whole_warpgroup_tiles(request):
         (100, None),  # rows padded to 104 for TMA
         # One wgmma step in flight, two slots: each released a step late, across tiles.
         (300, gemm_config.TuningConfig(max_concurrent_steps=2, wgmma_in_flight=1)),
-        # Pingpong: the warpgroups take every other tile (an odd count per CTA), each from
-        # its own ring of two slots; and with a step in flight.
-        (320, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
+        # Pingpong: the warpgroups take every other tile (an odd count per CTA) from one
+        # ring (of three slots: fills of a slot alternate owners); and a step in flight.
+        (320, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3,
                                        pingpong=True)),
         (200, gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=3,
                                        pingpong=True, wgmma_in_flight=1)),
@@ -243,10 +243,11 @@ def test_column_gain_declines_clusters_and_wgmma_in_flight(request):
 
 def test_pingpong_with_row_statistics_vectors_and_the_gain_in_the_mainloop(request):
     """Pingpong warpgroups with every epilogue vector (row scale, bias), the row statistics out
-    and the unfolded gain applied in the mainloop, over several tiles per CTA."""
+    and the unfolded gain applied in the mainloop, over several tiles per CTA; three K steps a
+    tile in a ring of two slots, so a slot's consecutive fills belong to either warpgroup."""
     config = gemm_config.TuningConfig(tile_m=64, tile_n=64, max_concurrent_steps=2,
                                       pingpong=True)
-    inputs = _inputs(_rng(request), 200, 128, (192, 64), scale=True, bias=(True, False))
+    inputs = _inputs(_rng(request), 200, 192, (192, 64), scale=True, bias=(True, False))
     outs, stats = _lazy("rms", inputs, gain_in_kernel=True, config=config,
                         return_row_stats=True)
     assert_race_free()
