@@ -34,7 +34,7 @@ than one takes the last run's best.
 and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
 knob the table's sweep did not have: 3 configs a shape, all 32 shapes in ~4 minutes.
 `--pingpong` does the same with pingpong warpgroups (`gemm_candidates.pingpong_variants`: each
-MMA warpgroup a whole tile from its own ring, one's epilogue under the other's mainloop).
+MMA warpgroup a whole tile in turn, one's epilogue under the other's mainloop).
 """
 
 from __future__ import annotations
