@@ -7,11 +7,11 @@ modelled pick elsewhere and while the table is empty. Regenerate rather than edi
 
 # The sweeps: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.gemm_sweep --around-table --budget-s 215 --out /tmp/h200/gemm_sweep; python -m bench.gemm_sweep --screen-all --shapes 4096x1024x6144,8192x1024x6144,8192x1024x4096,4096x1024x4096,8192x2048x16384 --budget-s 245 --out /tmp/h200/gemm_screen; python -m bench.gemm_sweep --around-table --shapes 4096x4096x2560,4096x2560x19456,4096x9728x2560 --budget-s 90 --out /root/out; python -m bench.gemm_sweep --screen-all --no-cluster --shapes 4096x4096x2560,4096x9728x2560 --budget-s 135 --out /root/out',
-    'date': '2026-12-04T13:07:28+00:00',
+    'command': 'python -m bench.gemm_sweep --around-table --budget-s 215 --out /tmp/h200/gemm_sweep; python -m bench.gemm_sweep --screen-all --shapes 4096x1024x6144,8192x1024x6144,8192x1024x4096,4096x1024x4096,8192x2048x16384 --budget-s 245 --out /tmp/h200/gemm_screen; python -m bench.gemm_sweep --around-table --shapes 4096x4096x2560,4096x2560x19456,4096x9728x2560 --budget-s 90 --out /root/out; python -m bench.gemm_sweep --screen-all --no-cluster --shapes 4096x4096x2560,4096x9728x2560 --budget-s 135 --out /root/out; python -m bench.gemm_sweep --screen-all --no-cluster --shapes 4096x1152x1536,2048x1152x1536 --budget-s 105 --out /root/out',
+    'date': '2026-12-04T16:51:09+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '3b18c7c; 3b18c7c; 3b18c7c; 3b18c7c',
+    'commit': '3b18c7c; 3b18c7c; 3b18c7c; 3b18c7c; 22cbc57',
 }
 
 # ((M, K, N), TuningConfig fields): each shape's fastest config in the sweep.
@@ -144,4 +144,12 @@ ENTRIES: tuple[tuple[tuple[int, int, int], dict[str, int | str]], ...] = (
      {'tile_m': 128, 'tile_n': 64, 'tile_k': 64, 'max_concurrent_steps': 5, 'epi_tile_m': 64,
       'epi_tile_n': 64, 'grid_minor_dim': 'M', 'grid_tile_width': 4, 'wg_dimension': 'N',
       'cluster_dimension': None, 'wgmma_in_flight': 0}),
+    ((4096, 1152, 1536),  # 0.863x cuBLAS
+     {'tile_m': 128, 'tile_n': 64, 'tile_k': 64, 'max_concurrent_steps': 5, 'epi_tile_m': 64,
+      'epi_tile_n': 64, 'grid_minor_dim': 'M', 'grid_tile_width': 4, 'wg_dimension': 'N',
+      'cluster_dimension': None, 'wgmma_in_flight': 0, 'pingpong': False}),
+    ((2048, 1152, 1536),  # 0.959x cuBLAS
+     {'tile_m': 64, 'tile_n': 256, 'tile_k': 64, 'max_concurrent_steps': 3, 'epi_tile_m': 64,
+      'epi_tile_n': 64, 'grid_minor_dim': 'N', 'grid_tile_width': 8, 'wg_dimension': 'M',
+      'cluster_dimension': None, 'wgmma_in_flight': 0, 'pingpong': False}),
 )
