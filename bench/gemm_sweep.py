@@ -32,7 +32,7 @@ than one takes the last run's best.
 
 `--around-table` skips steps 1-3: every shape times its `default_config` (the table's pick)
 and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
-knob the table's sweep did not have: 3 configs a shape, all 32 shapes in ~4 minutes.
+knob the table's sweep did not have: 3 configs a shape, all 40 shapes in ~5 minutes.
 `--pingpong` does the same with pingpong warpgroups (`gemm_candidates.pingpong_variants`: each
 MMA warpgroup a whole tile in turn, one's epilogue under the other's mainloop).
 """
@@ -74,7 +74,10 @@ MODEL_KNS = (
     (1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024),  # Qwen3-0.6B
     (2560, 6144), (4096, 2560), (2560, 19456), (9728, 2560),  # Qwen3-4B
 )
-SHAPES: tuple[Shape, ...] = tuple((m, k, n) for m in (8192, 4096) for k, n in MODEL_KNS)
+# Gemma-3-1B's, at the model suite's rows for it (prefill 4 x 1024, training 2 x 1024).
+GEMMA_KNS = ((1152, 1536), (1024, 1152), (1152, 13824), (6912, 1152))
+SHAPES: tuple[Shape, ...] = (tuple((m, k, n) for m in (8192, 4096) for k, n in MODEL_KNS)
+                             + tuple((m, k, n) for m in (4096, 2048) for k, n in GEMMA_KNS))
 CUBLAS_EVERY = 4  # configs between two cuBLAS timings of a shape
 # bf16 outputs of the same f32 sums differ by output rounding (~2^-9 relative, RMS); a
 # missing or misplaced tile is O(1).

@@ -23,6 +23,7 @@
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
+#   FUSED_ARGS="--kind lazy --n 1024,256,256" bash scripts/h200.sh fused-configs  # q/k/v configs
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
@@ -120,6 +121,9 @@ for name in "$@"; do
       stage gemm_pingpong "${SWEEP_LIMIT:-260}" python3 -m bench.gemm_sweep --pingpong \
         ${SHAPES:+--shapes "$SHAPES"} --budget-s $(( ${SWEEP_LIMIT:-260} - 25 )) \
         --out "$WORK/gemm_pingpong" ;;
+    fused-configs)  # FUSED_ARGS="--kind lazy --n 1024,256,256": a fused kernel's configs at a model's shapes
+      stage fused_configs "${FUSED_LIMIT:-200}" python3 bench/gpu/fused_config_probe.py ${FUSED_ARGS:-} \
+        --budget-s $(( ${FUSED_LIMIT:-200} - 30 )) --out "$WORK/fused-configs.json" ;;
     gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench --out "$WORK/gated" ;;
     residual-gemm) bench residual_gemm "${RESIDUAL_LIMIT:-100}" --suite residual-gemm ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
