@@ -30,6 +30,9 @@ That is 3 x (25 + 8) + 29 x 4 configs: ~6 minutes on an H200 at 1.5 s a config.
 shapes the table's picks lose at. `--write-table` takes several sweeps' JSON; a shape in more
 than one takes the last run's best.
 
+`--unmeasured` prints the shapes (default: the presets') without a table entry of their own,
+in the form `--shapes` takes: what the next `--screen-all` should measure.
+
 `--around-table` skips steps 1-3: every shape times its `default_config` (the table's pick)
 and that config with one wgmma step in flight (`gemm_candidates.in_flight_variants`), a
 knob the table's sweep did not have: 3 configs a shape, all 40 shapes in ~5 minutes.
@@ -144,7 +147,19 @@ def _args() -> argparse.ArgumentParser:
                    help="turn sweeps' JSON (later runs override a shape) into "
                         "pallas_kernels/gemm_configs.py and exit")
     p.add_argument("--table-out", default=str(TABLE_PATH), help="where --write-table writes")
+    p.add_argument("--unmeasured", action="store_true",
+                   help="print the listed shapes (default: presets) the table has no entry for, "
+                        "as --shapes takes them, and exit")
     return p
+
+
+def unmeasured(shapes: Sequence[Shape]) -> list[Shape]:
+    """The shapes without an entry of their own in pallas_kernels/gemm_configs.py: they run a
+    config measured at the nearest shape (or the modelled pick), never checked at theirs."""
+    from pallas_kernels import gemm_configs
+
+    measured = {tuple(shape) for shape, _ in gemm_configs.ENTRIES}
+    return [s for s in shapes if tuple(s) not in measured]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import gemm_table_writer
 
         print(gemm_table_writer.write_table(args.write_table, Path(args.table_out)))
+        return 0
+    if args.unmeasured:
+        print(",".join("x".join(map(str, s)) for s in unmeasured(args.shapes or SHAPES)))
         return 0
     if args.quick:
         from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags

@@ -24,6 +24,8 @@
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
 #   FUSED_ARGS="--kind lazy --n 1024,256,256" bash scripts/h200.sh fused-configs  # q/k/v configs
+#   SHAPES=$(python -m bench.gemm_sweep --unmeasured) SWEEP_PRIOR="..." bash scripts/h200.sh gemm-screen
+#     # the preset shapes the GEMM table has no entry for, screened and merged into it
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm

@@ -195,3 +195,15 @@ def test_pingpong_times_each_pick_and_its_pingpong_variants(tmp_path):
     assert set(row["results"]) == {gemm_candidates.name(c) for c in [pick, *variants]}
     for result in row["results"].values():
         assert result["status"] == "ok" and result["rel_error"] <= gemm_sweep.REL_TOL
+
+
+def test_unmeasured_lists_the_shapes_without_a_table_entry(capsys):
+    from pallas_kernels import gemm_configs
+
+    measured = [tuple(shape) for shape, _ in gemm_configs.ENTRIES]
+    outside = (96, 160, 224)
+    assert gemm_sweep.unmeasured([*measured[:3], outside]) == [outside]
+    assert gemm_sweep.main(["--unmeasured", "--shapes", f"{measured[0][0]}x{measured[0][1]}x"
+                            f"{measured[0][2]},96x160x224"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == "96x160x224" and gemm_sweep._parse_shapes(printed) == (outside,)
