@@ -37,9 +37,10 @@ def fits(config: TuningConfig) -> bool:
     return smem_bytes(config, ITEMSIZE) <= hardware.SMEM_BYTES_PER_CTA
 
 
-def deepest(config: TuningConfig) -> TuningConfig | None:
-    """`config` with the deepest pipeline (<= MAX_STEPS, >= 3) that fits SMEM, or None."""
-    for steps in range(MAX_STEPS, 2, -1):
+def deepest(config: TuningConfig, min_steps: int = 3) -> TuningConfig | None:
+    """`config` with the deepest pipeline (<= MAX_STEPS, >= min_steps) that fits SMEM, or
+    None."""
+    for steps in range(MAX_STEPS, min_steps - 1, -1):
         fitted = dataclasses.replace(config, max_concurrent_steps=steps)
         if fits(fitted):
             return fitted
@@ -111,7 +112,5 @@ def pingpong_variants(config: TuningConfig) -> list[TuningConfig]:
                                        cluster_dimension=None, wgmma_in_flight=in_flight,
                                        epi_tile_m=min(config.epi_tile_m, tile_m),
                                        epi_tile_n=min(config.epi_tile_n, tile_n))
-            fitted = (dataclasses.replace(base, max_concurrent_steps=steps)
-                      for steps in range(MAX_STEPS, 1, -1))
-            out.append(next((c for c in fitted if fits(c)), None))
+            out.append(deepest(base, min_steps=2))
     return _unique(out)

@@ -108,11 +108,19 @@ def gated_config(m: int, k: int, n: int, *, sms: int = hardware.H200_SMS,
     plain = default_config(m, k, (n, n), sms=sms, itemsize=itemsize)
     config = dataclasses.replace(plain, tile_n=max(64, plain.tile_n // 2))
     config = dataclasses.replace(config, epi_tile_n=min(config.epi_tile_n, config.tile_n))
-    for steps in range(max(plain.max_concurrent_steps, 2), 1, -1):
+    fitted = deepest_pipeline(config, itemsize, max(plain.max_concurrent_steps, 2))
+    if fitted is None:
+        raise Unsupported(f"no pipeline of {config} fits the SMEM")
+    return fitted
+
+
+def deepest_pipeline(config: TuningConfig, itemsize: int, max_steps: int) -> TuningConfig | None:
+    """`config` with the deepest pipeline (max_steps down to 2) whose SMEM fits, or None."""
+    for steps in range(max_steps, 1, -1):
         fitted = dataclasses.replace(config, max_concurrent_steps=steps)
         if smem_bytes(fitted, itemsize) <= hardware.SMEM_BYTES_PER_CTA:
             return fitted
-    raise Unsupported(f"no pipeline of {config} fits the SMEM")
+    return None
 
 
 def check_gated_shapes(x, w_gate, w_up, config: TuningConfig) -> None:

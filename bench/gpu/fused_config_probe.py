@@ -10,7 +10,6 @@ python bench/gpu/fused_config_probe.py --kind lazy --rows 4096,2048 --k 1152 --n
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bench import gemm_candidates, timing
-from pallas_kernels import gated_matmul, gemm_config, hardware, lazy_norm_matmul
+from pallas_kernels import gated_matmul, gemm_config, lazy_norm_matmul
 from pallas_kernels.gemm_config import MatmulDimension, TuningConfig
 
 # (tile_m, tile_n, wg_dimension): each warpgroup holds two tile_m x tile_n accumulators.
@@ -27,20 +26,17 @@ TILES = ((64, 128, MatmulDimension.M), (64, 64, MatmulDimension.M), (64, 64, Mat
 
 
 def candidates(m: int, k: int, n: int) -> list[TuningConfig]:
-    """The table-derived pick first, then each tile x grid order x grid width, deepest fit."""
+    """The table-derived pick first, then each tile x grid order (grid tile width 8), the
+    deepest pipeline (<= 6 slots) that fits."""
     out = [gated_matmul.gated_config(m, k, n)]
     for tile_m, tile_n, wg in TILES:
         for minor in (MatmulDimension.M, MatmulDimension.N):
-            for width in (8,):
-                base = TuningConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg,
-                                    epi_tile_m=64, epi_tile_n=min(64, tile_n),
-                                    grid_minor_dim=minor, grid_tile_width=width)
-                fitted = next((c for s in range(6, 1, -1)
-                               if gated_matmul.smem_bytes(c := dataclasses.replace(
-                                   base, max_concurrent_steps=s), 2)
-                               <= hardware.SMEM_BYTES_PER_CTA), None)
-                if fitted is not None and fitted not in out:
-                    out.append(fitted)
+            fitted = gated_matmul.deepest_pipeline(
+                TuningConfig(tile_m=tile_m, tile_n=tile_n, wg_dimension=wg, epi_tile_m=64,
+                             epi_tile_n=min(64, tile_n), grid_minor_dim=minor,
+                             grid_tile_width=8), 2, max_steps=6)
+            if fitted is not None and fitted not in out:
+                out.append(fitted)
     return out
 
 
