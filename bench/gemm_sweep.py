@@ -24,7 +24,7 @@ Pruning (the full product of the knobs is ~300 configs per shape, ~1.5 s each; `
    screen shapes), each with grid tile width 4 and 16, a 4-stage pipeline and a 64x128
    epilogue tile (`gemm_candidates.refinements`), timed at the screen shapes.
 3. Every other shape: its `default_config` and the `top_k` best configs of steps 1-2.
-That is 3 x (25 + 8) + 29 x 4 configs: ~6 minutes on an H200 at 1.5 s a config.
+That is 3 x (25 + 8) + 37 x 4 configs: ~6.5 minutes on an H200 at 1.5 s a config.
 
 `--screen-all` screens (and refines) every listed shape, not only the screen shapes: for a few
 shapes the table's picks lose at. `--write-table` takes several sweeps' JSON; a shape in more
