@@ -19,9 +19,12 @@
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
+#   OPTIONS=1 MODEL=gemma3-1b bash scripts/h200.sh model  # + jaxnorm with jaxnorm.compiler_options()
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
+#   LAUNCH_ARGS="--launches 1,8,32" bash scripts/h200.sh launch-cost  # wall us per launch, by kind
+#   MODEL=gemma3-1b PHASE="train prefill" bash scripts/h200.sh timeline  # idle GPU time, by kernel
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
 #   FUSED_ARGS="--kind lazy --n 1024,256,256" bash scripts/h200.sh fused-configs  # q/k/v configs
 #   SHAPES=$(python -m bench.gemm_sweep --unmeasured) SWEEP_PRIOR="..." bash scripts/h200.sh gemm-screen
@@ -138,11 +141,21 @@ for name in "$@"; do
     head-data)  # the tied head's GEMMs on stock's and the norm-free limit's data (Gemma-3-1B)
       stage head_data "${HEAD_LIMIT:-150}" python3 bench/gpu/head_data_probe.py \
         --model "${MODEL:-gemma3-1b}" --out "$WORK/head_data" ;;
+    launch-cost)  # what one more launch (XLA fusion, cuBLAS, Mosaic) costs a program's wall time
+      stage launch_cost "${LAUNCH_LIMIT:-150}" python3 bench/gpu/launch_cost_probe.py \
+        ${LAUNCH_ARGS:-} --out "$WORK/launch-cost.json" ;;
+    timeline)  # MODEL=gemma3-1b PHASE=train VARIANTS=stock,jaxnorm: GPU idle time between kernels
+      for phase in ${PHASE:-train}; do
+        stage "timeline_${MODEL:-gemma3-1b}_$phase" "${TIMELINE_LIMIT:-150}" python3 \
+          bench/gpu/timeline_probe.py --model "${MODEL:-gemma3-1b}" --phase "$phase" \
+          --variants "${VARIANTS:-stock,jaxnorm}" --out "$WORK/timeline"
+      done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
     model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
              ${ROUNDS:+--rounds "$ROUNDS"} ${BOUNDED:+--bounded-limit} \
+             ${OPTIONS:+--compiler-options} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \
