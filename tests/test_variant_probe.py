@@ -95,3 +95,28 @@ def test_scaled_norm_free_keeps_every_norms_output_at_unit_scale():
     assert len(outputs) == n_norms
     np.testing.assert_allclose(outputs, 1.0, rtol=2e-2)
     assert np.isfinite(np.asarray(logits, np.float32)).all()
+
+
+def test_gain_in_the_mainloop_variant_moves_the_gain_into_the_kernel():
+    """Under the variant the lazy GEMM takes its gain in the mainloop (interpreter): the same
+    products as scaling outside, one column-gain vector among the kernel's inputs."""
+    import jax.numpy as jnp
+    from pallas_kernels import lazy_norm_matmul
+
+    keys = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(keys[0], (136, 128), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (128, 128)) / 12).astype(jnp.bfloat16)
+    gain = jax.random.uniform(keys[2], (128,), jnp.float32, 0.5, 1.5).astype(jnp.bfloat16)
+    call = lambda: lazy_norm_matmul.lazy_rms_matmul(x, [w], scale=gain, interpret=True)[0]
+    outside = call()
+    seen = []
+    original = lazy_norm_matmul._run
+    with variant_probe._patched(lazy_norm_matmul, "_run",
+                                lambda *a, **k: seen.append(k["column_gain"]) or original(*a, **k)):
+        with variant_probe._gain_in_mainloop():
+            inside = call()
+        call()
+    assert seen[0] is not None and seen[1] is None  # only under the variant
+    want = np.asarray(outside, np.float32)
+    np.testing.assert_allclose(np.asarray(inside, np.float32), want,
+                               atol=2e-2 * np.abs(want).max())

@@ -13,6 +13,9 @@ measured in interleaved rounds, to take jaxnorm's model apart:
 - "residual GEMM": jaxnorm's model with the residual GEMM (`jaxnorm.residual_dense`:
   o- and down-projection plus the residual, the sum's row statistics in its epilogue)
   taken wherever it serves the rows, as if it had measured faster than XLA everywhere;
+- "gain in the mainloop": jaxnorm's model with the lazy pre-norm GEMM scaling each x tile
+  by the norm's gain in its mainloop (`lazy_rms_matmul(gain_in_kernel=True)`) instead of
+  an XLA pass scaling x or the weights before it, wherever its config allows;
 - "norm-free (scaled)": the norm-free limit with each norm a multiplication by a constant
   calibrated on one batch of stock (`model_suite.with_scaled_norms`): the limit's work,
   with activations at stock's scale instead of growing without bound.
@@ -37,9 +40,10 @@ from flax import nnx
 from bench import model_suite, timing
 from jaxnorm import dispatch, models
 from jaxnorm.models import layers
+from pallas_kernels import lazy_norm_matmul
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
-         "residual GEMM", model_suite.BOUNDED)
+         "residual GEMM", "gain in the mainloop", model_suite.BOUNDED)
 
 
 @contextlib.contextmanager
@@ -73,6 +77,20 @@ def _kernel_everywhere(op: str) -> Iterator[None]:
         dispatch._DECLINE_AUTO[op] = rule
 
 
+def _gain_in_mainloop() -> contextlib.AbstractContextManager:
+    """The lazy pre-norm GEMM taking its gain in the mainloop wherever the config allows it
+    (no 2-CTA cluster, no wgmma step in flight)."""
+    original = lazy_norm_matmul.lazy_rms_matmul
+
+    def with_gain(x, weights, *, config=None, scale=None, **kw):
+        config = lazy_norm_matmul._resolve_config(x, tuple(weights), config)
+        allowed = config.cluster_dimension is None and not config.wgmma_in_flight
+        return original(x, weights, config=config, scale=scale,
+                        gain_in_kernel=allowed and scale is not None, **kw)
+
+    return _patched(lazy_norm_matmul, "lazy_rms_matmul", with_gain)
+
+
 def with_stock_qk_norms(stock: nnx.Module) -> nnx.Module:
     """jaxnorm's model of `stock`'s parameters, its blocks' q_norm and k_norm stock's."""
     out = models.load_params(stock, fused=True, impl=None)
@@ -90,7 +108,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     declined = lambda: _patched(dispatch, "hopper_or_newer", lambda: False)
     contexts = {"unfused attention input": unfused, "kernels declined": declined,
                 "norm backward kernel": lambda: _kernel_everywhere("rms_norm_backward"),
-                "residual GEMM": lambda: _kernel_everywhere("residual_dense")}
+                "residual GEMM": lambda: _kernel_everywhere("residual_dense"),
+                "gain in the mainloop": _gain_in_mainloop}
     out = {}
     for label in labels:
         if label == model_suite.BOUNDED:
