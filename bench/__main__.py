@@ -108,9 +108,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--bounded-limit", action="store_true",
                        help="also measure the norm-free limit with each norm a calibrated "
                             "constant (activations at stock's scale)")
-    model.add_argument("--compiler-options", action="store_true",
-                       help="also measure jaxnorm compiled with jaxnorm.compiler_options() "
-                            "(XLA's CUDA graphs without custom calls)")
     led = parser.add_argument_group("ledger")
     led.add_argument("--batch", type=_list_of(int), default=(1, 64),
                      help="decode batch sizes (default: 1,64)")
@@ -141,7 +138,7 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
         shapes = [dataclasses.replace(s, decode_batches=tuple(args.decode_batch)) for s in shapes]
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
                     phases=args.phase, out=args.out, detail=args.detail,
-                    bounded=args.bounded_limit, with_options=args.compiler_options)
+                    bounded=args.bounded_limit)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 

@@ -13,10 +13,7 @@ in one process, two rounds, the order rotated by one each round:
 - with `--bounded-limit`, also norm-free (scaled): each norm a multiplication by one
   constant calibrated on a batch of stock (`with_scaled_norms`). Without norms some
   presets' activations grow without bound and their GEMMs multiply mostly zeros, which is
-  faster work than stock's, not less of it; this limit keeps stock's scale;
-- with `--compiler-options`, also jaxnorm (compiler options): the jaxnorm model compiled
-  with `jaxnorm.compiler_options()` (XLA's CUDA graphs without custom calls), as the
-  guide tells users to jit a step that runs the kernels.
+  faster work than stock's, not less of it; this limit keeps stock's scale.
 
 Each cell reports CUPTI kernel time, wall time, kernels launched, time by
 kernel class, and the share of the norm-free gap jaxnorm closes,
@@ -42,13 +39,11 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
-import jaxnorm
 from bench import timing
 from jaxnorm import models
 
 VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
 BOUNDED = "norm-free (scaled)"
-OPTIONS = "jaxnorm (compiler options)"
 PHASES = ("prefill", "train", "decode")
 DECODE_CACHE = 4096
 DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
@@ -352,18 +347,15 @@ class Cell:
 
 
 def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int,
-             detail: Path | None = None, console: Console | None = None,
-             compiler_options: dict[str, str] | None = None) -> dict:
+             detail: Path | None = None, console: Console | None = None) -> dict:
     start = time.perf_counter()
-    t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup,
-                       compiler_options=compiler_options)
+    t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
     if console is not None:  # a long first call is compiling, not a stalled GPU
         total = time.perf_counter() - start
         console.print(f"    first call {t.first_call_s:.1f} s, all {total:.1f} s")
     kernels = [(name, us / per_step) for name, us in t.kernels]
     if detail is not None:
-        write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies),
-                     compiler_options)
+        write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
     return {
         "wall_us": t.wall_us / per_step,
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
@@ -385,7 +377,7 @@ def _spread(samples: list[float], per_step: int) -> list[float]:
 
 
 def write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[str, float]],
-                  per_call: int, compiler_options: dict[str, str] | None = None) -> None:
+                  per_call: int) -> None:
     """Every kernel name's launches and time per step, and the optimized HLO of the timed
     program (its fusion names are the kernel names), so a cell's gap can be traced to the
     fusions behind it (`--detail`)."""
@@ -394,8 +386,7 @@ def write_detail(path: Path, fn: Callable, arg_sets: list, kernels: list[tuple[s
                   key=lambda r: -r[2])
     path.parent.joinpath(path.name + ".kernels.json").write_text(json.dumps(
         {"launches_per_call": per_call, "kernels": rows}, indent=0))
-    path.parent.joinpath(path.name + ".hlo.txt").write_text(
-        timing.measured_hlo(fn, arg_sets, compiler_options))
+    path.parent.joinpath(path.name + ".hlo.txt").write_text(timing.measured_hlo(fn, arg_sets))
 
 
 def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
@@ -421,7 +412,7 @@ def measurement_order(variants: list[str], round_index: int) -> list[str]:
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
-        detail: Path | None = None, bounded: bool = False, with_options: bool = False,
+        detail: Path | None = None, bounded: bool = False,
         console: Console | None = None) -> list[Cell]:
     """Measure every cell: variants interleaved within a round, `rounds` rounds, each
     round in the order `measurement_order` gives it.
@@ -433,23 +424,17 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     With `out`, the results so far are rewritten after every cell, so a run cut
     short keeps what it measured. With `detail`, round 1 also writes each variant's
     kernels by name and its optimized HLO there. With `bounded`, the scaled limit is a
-    fifth variant (`BOUNDED`); with `with_options`, the jaxnorm model compiled with
-    `jaxnorm.compiler_options()` is another (`OPTIONS`).
+    fifth variant (`BOUNDED`).
     """
     console = console or Console(stderr=True)
-    options = {OPTIONS: jaxnorm.compiler_options()} if with_options else {}
     cells = []
     for shape in shapes:
         variants = build_variants(shape, bounded=bounded)
-        if with_options:
-            variants[OPTIONS] = variants["jaxnorm"]  # the same model and function
         for phase, text, per_step, case in _cases(shape, copies, phases):
             cell = Cell(shape.name, phase, text, per_step)
             # One function per variant and cell (compiled once), inputs built per measurement
             # so that only one variant's copies are alive at a time.
-            fns = {v: case(m)[0] for v, m in variants.items() if v != OPTIONS}
-            if with_options:
-                fns[OPTIONS] = fns["jaxnorm"]
+            fns = {v: case(m)[0] for v, m in variants.items()}
             for r in range(rounds):
                 results = {}
                 for variant in measurement_order(list(variants), r):
@@ -459,8 +444,7 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                     label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
                     where = None if detail is None or r else detail / label
                     results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
-                                                per_step, where, console,
-                                                options.get(variant))
+                                                per_step, where, console)
                     del arg_sets
                 cell.rounds.append({v: results[v] for v in variants})
             cells.append(cell)
@@ -487,18 +471,16 @@ def _ratio(a: float, b: float) -> float:
 
 def summary_line(cell: Cell) -> str:
     parts = []
-    for variant in [v for v in ("jaxnorm", OPTIONS) if v in cell.rounds[0]]:
-        for metric in ("kernel_us", "wall_us"):
-            ratios = [_ratio(_metric(cell, r, variant, metric), _metric(cell, r, "stock", metric))
-                      for r in range(len(cell.rounds))]
-            parts.append(f"{metric[:-3]} {variant}/stock " + ", ".join(f"{x:.3f}" for x in ratios))
+    for metric in ("kernel_us", "wall_us"):
+        ratios = [_ratio(_metric(cell, r, "jaxnorm", metric), _metric(cell, r, "stock", metric))
+                  for r in range(len(cell.rounds))]
+        parts.append(f"{metric[:-3]} jaxnorm/stock " + ", ".join(f"{x:.3f}" for x in ratios))
     return f"{cell.model} {cell.phase}: " + "; ".join(parts)
 
 
 def measured_variants(cells: list[Cell]) -> tuple[str, ...]:
-    """VARIANTS, then BOUNDED and OPTIONS where a cell measured them."""
-    return VARIANTS + tuple(v for v in (BOUNDED, OPTIONS)
-                            if any(v in c.rounds[0] for c in cells))
+    """VARIANTS, and BOUNDED where a cell measured it."""
+    return VARIANTS + ((BOUNDED,) if any(BOUNDED in c.rounds[0] for c in cells) else ())
 
 
 def to_json(cells: list[Cell]) -> dict:
@@ -518,13 +500,12 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
     kernel class."""
     variants = measured_variants(cells)
     limits = [v for v in ("norm-free", BOUNDED) if v in variants]
-    candidates = [v for v in ("jaxnorm", OPTIONS) if v in variants]
     lines = [
-        "| model | phase | shape | metric | " + " | ".join(variants) + " | "
-        + " | ".join(f"{v}/stock (rounds)" for v in candidates) + " | "
+        "| model | phase | shape | metric | " + " | ".join(variants)
+        + " | jaxnorm/stock (rounds) | "
         + " | ".join("gap closed (rounds)" if v == "norm-free" else f"gap closed to {v} (rounds)"
                      for v in limits) + " |",
-        "|---|---|---|---|" + "---:|" * len(variants) + "---|" * (len(candidates) + len(limits)),
+        "|---|---|---|---|" + "---:|" * len(variants) + "---|" * (1 + len(limits)),
     ]
     for cell in cells:
         n = len(cell.rounds)
@@ -532,16 +513,16 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
                              ("kernels", "kernels")):
             med = {v: statistics.median(_metric(cell, r, v, metric) for r in range(n))
                    if v in cell.rounds[0] else float("nan") for v in variants}
-            ratios = [", ".join(
-                f"{_ratio(_metric(cell, r, v, metric), _metric(cell, r, 'stock', metric)):.3f}"
-                for r in range(n)) if v in cell.rounds[0] else "" for v in candidates]
+            ratios = ", ".join(
+                f"{_ratio(_metric(cell, r, 'jaxnorm', metric), _metric(cell, r, 'stock', metric)):.3f}"
+                for r in range(n))
             gaps = [", ".join(_gaps(cell, metric, limit)) if metric != "kernels" else ""
                     for limit in limits]
             fmt = (lambda x: f"{x:.1f}") if metric != "kernels" else (lambda x: f"{x:.0f}")
             lines.append(
                 f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
                 + " | ".join(fmt(med[v]) for v in variants)
-                + " | " + " | ".join(ratios) + " | " + " | ".join(gaps) + " |")
+                + f" | {ratios} | " + " | ".join(gaps) + " |")
     if not breakdown:
         return "\n".join(lines) + "\n"
     lines += ["", "Time by kernel class, round 1 (us per step):", "",

@@ -14,7 +14,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +27,6 @@ MAX_COPIES = 4
 CUPTI_OUTPUT_BUDGET = 16 * 2**30
 
 Args = tuple[jax.Array, ...]
-Options = tuple[tuple[str, str], ...]  # XLA compiler options, hashable (for the jit caches)
-
-
-def _options(compiler_options: Mapping[str, str] | None) -> Options:
-    return tuple(sorted((compiler_options or {}).items()))
 
 
 def rotation_copies(
@@ -76,29 +71,27 @@ def _wall_samples(fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
 
 
 @functools.lru_cache(maxsize=64)
-def _run_all(fn: Callable[..., Any], options: Options = ()) -> Callable[..., Any]:
+def _run_all(fn: Callable[..., Any]) -> Callable[..., Any]:
     """One jitted call of fn over every copy; cached so repeated measures of fn compile once."""
-    return jax.jit(lambda sets: [fn(*args) for args in sets], compiler_options=dict(options))
+    return jax.jit(lambda sets: [fn(*args) for args in sets])
 
 
-def measured_hlo(fn: Callable[..., Any], arg_sets: Sequence[Args],
-                 compiler_options: Mapping[str, str] | None = None) -> str:
+def measured_hlo(fn: Callable[..., Any], arg_sets: Sequence[Args]) -> str:
     """XLA's optimized HLO of the program `measure` times with CUPTI (fn over every copy in
     one call, or fn itself for one copy): its fusion names are the kernel names CUPTI
     reports."""
-    options = _options(compiler_options)
     if len(arg_sets) == 1:
-        return _jitted(fn, options).lower(*arg_sets[0]).compile().as_text()
-    return _run_all(fn, options).lower(list(arg_sets)).compile().as_text()
+        return _jitted(fn).lower(*arg_sets[0]).compile().as_text()
+    return _run_all(fn).lower(list(arg_sets)).compile().as_text()
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted(fn: Callable[..., Any], options: Options = ()) -> Callable[..., Any]:
-    return jax.jit(fn, compiler_options=dict(options))
+def _jitted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return jax.jit(fn)
 
 
 def _cupti(
-    fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int, options: Options = ()
+    fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
 ) -> tuple[list[float], list[tuple[str, float]], str | None]:
     """Kernel time per call: one jitted call runs fn on every copy (fn's own program for one
     copy, the one the wall samples ran), CUPTI sums its kernels."""
@@ -107,9 +100,9 @@ def _cupti(
     except ImportError as err:
         return [], [], f"profiler unavailable: {err}"
     if len(arg_sets) == 1:
-        program, args = _jitted(fn, options), tuple(arg_sets[0])
+        program, args = _jitted(fn), tuple(arg_sets[0])
     else:
-        program, args = _run_all(fn, options), (list(arg_sets),)
+        program, args = _run_all(fn), (list(arg_sets),)
     outputs = jax.tree.leaves(jax.eval_shape(program, *args))
     out_bytes = sum(o.size * o.dtype.itemsize for o in outputs)
     # At least 2: measure returns one flat list, not a list per iteration, for 1.
@@ -129,20 +122,17 @@ def _cupti(
 
 
 def measure(
-    fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3,
-    compiler_options: Mapping[str, str] | None = None,
+    fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3
 ) -> Timing:
-    """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs), compiled with
-    `compiler_options` (XLA's, as `jax.jit` takes them)."""
-    options = _options(compiler_options)
-    jitted = _jitted(fn, options)
+    """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs)."""
+    jitted = _jitted(fn)
     start = time.perf_counter()
     for args in arg_sets:  # compile, and touch every copy once
         jax.block_until_ready(jitted(*args))
     first_call_s = time.perf_counter() - start
     _wall_samples(jitted, arg_sets, warmup)
     wall = _wall_samples(jitted, arg_sets, repeats)
-    kernel, kernels, error = _cupti(fn, arg_sets, repeats, options)
+    kernel, kernels, error = _cupti(fn, arg_sets, repeats)
     return Timing(
         wall_us=statistics.median(wall),
         kernel_us=statistics.median(kernel) if kernel else None,

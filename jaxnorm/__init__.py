@@ -9,8 +9,7 @@ and h's `RowStats`, which the pre-norm ops take as `statistics=`); `rms_norm_gat
 QK-norm, RoPE). `jaxnorm.fold` folds norm
 gains into the weights they feed; `jaxnorm.flashify` does it for a whole
 parameter tree. `impl` picks the implementation: None
-(automatic), "xla", "mosaic" or "interpret". `compiler_options()` is what to pass to
-`jax.jit` for a step that runs the kernels (XLA's CUDA graphs without custom calls).
+(automatic), "xla", "mosaic" or "interpret".
 """
 
 from jaxnorm import flashify, fold
@@ -27,12 +26,10 @@ from jaxnorm.ops import (
 )
 from jaxnorm.residual import residual_dense
 from jaxnorm.row_stats import RowStats
-from jaxnorm.xla_options import compiler_options
 
 __all__ = [
     "RowStats",
     "Unsupported",
-    "compiler_options",
     "dense_layer_norm",
     "dense_rms_norm",
     "fallback_reasons",

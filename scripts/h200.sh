@@ -19,7 +19,6 @@
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
-#   OPTIONS=1 MODEL=gemma3-1b bash scripts/h200.sh model  # + jaxnorm with jaxnorm.compiler_options()
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
@@ -152,10 +151,12 @@ for name in "$@"; do
       done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
-    model) bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --suite model --model "${MODEL:-llama3.2-1b}" \
+    model)  # 30 wall samples a round: cheap next to compiling, and 10 left a variant's
+            # median unsteady (docs/mosaic-notes.md, "What a launch costs the host")
+      bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --repeats "${MODEL_REPEATS:-30}" \
+             --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
              ${ROUNDS:+--rounds "$ROUNDS"} ${BOUNDED:+--bounded-limit} \
-             ${OPTIONS:+--compiler-options} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \

@@ -124,28 +124,3 @@ def test_bounded_limit_is_a_fifth_variant_with_its_own_gap_column(tmp_path):
     assert ms._gaps(cells[0], "wall_us", ms.BOUNDED)[0] == (
         "n/a" if expected is None else f"{100 * expected:.0f}%")
     assert json.loads((tmp_path / "model-suite.json").read_text())["variants"][-1] == ms.BOUNDED
-
-
-def test_compiler_options_variant_is_jaxnorm_compiled_with_them(tmp_path, monkeypatch):
-    """The OPTIONS variant times the jaxnorm model's own function, compiled with
-    jaxnorm.compiler_options(); every other variant is compiled without options."""
-    import jaxnorm
-
-    seen = []
-    real = ms.timing.measure
-
-    def recording(fn, arg_sets, **kw):
-        seen.append((fn, kw.get("compiler_options")))
-        return real(fn, arg_sets, **kw)
-
-    monkeypatch.setattr(ms.timing, "measure", recording)
-    cells = ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill",),
-                   out=tmp_path, with_options=True)
-    assert list(cells[0].rounds[0]) == [*ms.VARIANTS, ms.OPTIONS]
-    options = [o for _, o in seen]
-    assert options.count(jaxnorm.compiler_options()) == 1
-    assert options.count(None) == len(ms.VARIANTS)
-    fn_of = dict(zip(ms.measurement_order([*ms.VARIANTS, ms.OPTIONS], 0), (f for f, _ in seen)))
-    assert fn_of[ms.OPTIONS] is fn_of["jaxnorm"]
-    header = (tmp_path / "model-suite.md").read_text().splitlines()[0]
-    assert f"| {ms.OPTIONS}/stock (rounds) |" in header and "| jaxnorm/stock (rounds) |" in header
