@@ -479,8 +479,10 @@ def summary_line(cell: Cell) -> str:
 
 
 def measured_variants(cells: list[Cell]) -> tuple[str, ...]:
-    """VARIANTS, and BOUNDED where a cell measured it."""
-    return VARIANTS + ((BOUNDED,) if any(BOUNDED in c.rounds[0] for c in cells) else ())
+    """VARIANTS, then any other variant a cell measured (BOUNDED; a probe's variant kept in a
+    record), in the order the cells first list them."""
+    extra = [v for c in cells for v in c.rounds[0] if v not in VARIANTS]
+    return VARIANTS + tuple(dict.fromkeys(extra))
 
 
 def to_json(cells: list[Cell]) -> dict:

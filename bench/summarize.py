@@ -126,8 +126,8 @@ def _json_section(payload: Any) -> list[str]:
 
         return [model_suite.to_markdown(model_suite.from_json(payload),
                                         breakdown=payload.get("breakdown") is not None)]
-    if isinstance(payload, dict) and payload.get("rows") and {"preset", "m", "variants"} <= set(
-            payload["rows"][0]):  # bench/decode_attention_bench.py
+    if isinstance(payload, dict) and isinstance(payload.get("rows"), list) and payload["rows"] \
+            and {"preset", "m", "variants"} <= set(payload["rows"][0]):  # decode_attention_bench
         from bench import decode_attention_bench
 
         return [report.to_markdown(decode_attention_bench.table(payload["rows"]))]
@@ -139,8 +139,15 @@ def _json_section(payload: Any) -> list[str]:
     if all("items" in v for v in sections.values()):
         for name, section in sections.items():
             lines += ["", f"#### {name}", "", *records_table(section["items"])]
+    elif all(v and all(isinstance(r, dict) for r in v.values()) for v in sections.values()):
+        for name, section in sections.items():  # each a record per key
+            lines += ["", f"#### {name}", "",
+                      *records_table([{"name": k, **r} for k, r in section.items()])]
     else:  # a record per key
         lines += ["", *records_table([{"name": k, **v} for k, v in sections.items()])]
+    for name, records in payload.items():  # lists of records: one table each
+        if isinstance(records, list) and records and all(isinstance(r, dict) for r in records):
+            lines += ["", f"#### {name}", "", *records_table(records)]
     return lines
 
 

@@ -52,3 +52,14 @@ def test_index_links_resolve():
     assert targets
     missing = [t for t in targets if not (RESULTS / t).exists()]
     assert not missing, missing
+
+
+def test_a_dict_of_records_and_a_list_of_records_each_become_a_table():
+    lines = summarize._json_section({"device": "gpu", "rows": 8,
+                                     "per_kind": {"a": {"us": 1.5}, "b": {"us": 2.0}},
+                                     "cells": [{"kind": "a", "n": 1}, {"kind": "b", "n": 2}]})
+    assert lines[0] == "device: gpu, rows: 8"
+    assert lines[lines.index("#### per_kind") + 2:][:4] == [
+        "| name | us |", "|---|---|", "| a | 1.5 |", "| b | 2 |"]
+    assert lines[lines.index("#### cells") + 2:][:4] == [
+        "| kind | n |", "|---|---|", "| a | 1 |", "| b | 2 |"]
