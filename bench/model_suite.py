@@ -347,9 +347,10 @@ class Cell:
 
 
 def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: int,
-             detail: Path | None = None, console: Console | None = None) -> dict:
+             detail: Path | None = None, console: Console | None = None,
+             wall: timing.Wall | None = None) -> dict:
     start = time.perf_counter()
-    t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup)
+    t = timing.measure(fn, arg_sets, repeats=repeats, warmup=warmup, wall=wall)
     if console is not None:  # a long first call is compiling, not a stalled GPU
         total = time.perf_counter() - start
         console.print(f"    first call {t.first_call_s:.1f} s, all {total:.1f} s")
@@ -358,6 +359,7 @@ def _measure(fn: Callable, arg_sets: list, repeats: int, warmup: int, per_step: 
         write_detail(detail, fn, arg_sets, kernels, len(t.kernels) // max(1, t.copies))
     return {
         "wall_us": t.wall_us / per_step,
+        "wall_samples_us": [round(w / per_step, 1) for w in t.wall_samples_us],
         "kernel_us": None if t.kernel_us is None else t.kernel_us / per_step,
         "kernels": len(t.kernels) / t.copies / per_step,
         # (samples, min, max): how far one variant's own samples spread within the round
@@ -414,12 +416,14 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
         detail: Path | None = None, bounded: bool = False,
         console: Console | None = None) -> list[Cell]:
-    """Measure every cell: variants interleaved within a round, `rounds` rounds, each
-    round in the order `measurement_order` gives it.
+    """Measure every cell: `rounds` rounds, each taking the variants' wall samples in turn
+    (one of each per pass, in the order `measurement_order` gives the round), then each
+    variant's CUPTI kernel time in that order.
 
     One copy of the inputs by default: a model's weights and cache exceed the L2 cache
     alone, and one copy is timed as one program (bench/timing.py), so each variant
-    compiles once per cell; compiling dominated a cell's time with two copies.
+    compiles once per cell; compiling dominated a cell's time with two copies. Every
+    variant's inputs are alive through a round (their wall samples alternate).
 
     With `out`, the results so far are rewritten after every cell, so a run cut
     short keeps what it measured. With `detail`, round 1 also writes each variant's
@@ -432,26 +436,38 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
         variants = build_variants(shape, bounded=bounded)
         for phase, text, per_step, case in _cases(shape, copies, phases):
             cell = Cell(shape.name, phase, text, per_step)
-            # One function per variant and cell (compiled once), inputs built per measurement
-            # so that only one variant's copies are alive at a time.
-            fns = {v: case(m)[0] for v, m in variants.items()}
+            fns = {v: case(m)[0] for v, m in variants.items()}  # one function each, compiled once
             for r in range(rounds):
+                order = measurement_order(list(variants), r)
+                arg_sets = {v: case(variants[v])[1] for v in order}
+                console.print(f"[{shape.name}] {phase}: wall samples of {', '.join(order)}, "
+                              "in turn")
+                walls = timing.interleaved_wall({v: (fns[v], arg_sets[v]) for v in order},
+                                                repeats=repeats, warmup=warmup)
                 results = {}
-                for variant in measurement_order(list(variants), r):
-                    model = variants[variant]
+                for variant in order:
                     console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
-                    _, arg_sets = case(model)
                     label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
                     where = None if detail is None or r else detail / label
-                    results[variant] = _measure(fns[variant], arg_sets, repeats, warmup,
-                                                per_step, where, console)
-                    del arg_sets
+                    results[variant] = _measure(fns[variant], arg_sets[variant], repeats, warmup,
+                                                per_step, where, console, walls[variant])
+                del arg_sets
                 cell.rounds.append({v: results[v] for v in variants})
             cells.append(cell)
             console.print(summary_line(cell))
             if out is not None:
                 write(cells, out)
     return cells
+
+
+def paired_wall_ratio(cell: Cell, r: int, variant: str) -> float | None:
+    """The median over round r's passes of variant's wall sample / stock's from the same pass
+    (taken one after the other), or None where the round kept no samples (older records)."""
+    a = cell.rounds[r][variant].get("wall_samples_us")
+    b = cell.rounds[r]["stock"].get("wall_samples_us")
+    if not a or not b:
+        return None
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def gap_closed(stock: float, candidate: float, limit: float) -> float | None:
@@ -475,6 +491,9 @@ def summary_line(cell: Cell) -> str:
         ratios = [_ratio(_metric(cell, r, "jaxnorm", metric), _metric(cell, r, "stock", metric))
                   for r in range(len(cell.rounds))]
         parts.append(f"{metric[:-3]} jaxnorm/stock " + ", ".join(f"{x:.3f}" for x in ratios))
+    paired = [paired_wall_ratio(cell, r, "jaxnorm") for r in range(len(cell.rounds))]
+    if None not in paired:
+        parts.append("paired wall " + ", ".join(f"{x:.3f}" for x in paired))
     return f"{cell.model} {cell.phase}: " + "; ".join(parts)
 
 
@@ -525,6 +544,18 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
                 f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
                 + " | ".join(fmt(med[v]) for v in variants)
                 + f" | {ratios} | " + " | ".join(gaps) + " |")
+    paired = []
+    for cell in cells:
+        for v in variants[1:]:
+            ratios = [paired_wall_ratio(cell, r, v) if v in cell.rounds[r] else None
+                      for r in range(len(cell.rounds))]
+            if ratios and None not in ratios:
+                paired.append(f"| {cell.model} | {cell.phase} | {v} | "
+                              + ", ".join(f"{x:.3f}" for x in ratios) + " |")
+    if paired:
+        lines += ["", "Wall time paired by pass (the median of a variant's sample over stock's "
+                  "from the same pass), per round:", "",
+                  "| model | phase | variant | vs stock (rounds) |", "|---|---|---|---|", *paired]
     if not breakdown:
         return "\n".join(lines) + "\n"
     lines += ["", "Time by kernel class, round 1 (us per step):", "",

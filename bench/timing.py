@@ -14,7 +14,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,22 +121,57 @@ def _cupti(
     return samples, kernels, None
 
 
-def measure(
-    fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3
-) -> Timing:
-    """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs)."""
-    jitted = _jitted(fn)
+@dataclass(frozen=True)
+class Wall:
+    """One program's wall samples (us) from `interleaved_wall`, and its first calls' seconds."""
+
+    samples_us: list[float]
+    first_call_s: float
+
+
+def _first_calls(jitted: Callable[..., Any], arg_sets: Sequence[Args]) -> float:
+    """Seconds to compile (where this process had not) and touch every copy once."""
     start = time.perf_counter()
-    for args in arg_sets:  # compile, and touch every copy once
+    for args in arg_sets:
         jax.block_until_ready(jitted(*args))
-    first_call_s = time.perf_counter() - start
-    _wall_samples(jitted, arg_sets, warmup)
-    wall = _wall_samples(jitted, arg_sets, repeats)
+    return time.perf_counter() - start
+
+
+def interleaved_wall(programs: Mapping[str, tuple[Callable[..., Any], Sequence[Args]]], *,
+                     repeats: int, warmup: int = 3) -> dict[str, Wall]:
+    """Wall samples of several programs (label -> (fn, arg_sets)) taken in turn, one sample
+    of each per pass, so that drift over the passes (clocks, power, the allocator) falls on
+    all of them alike and sample i of one pairs with sample i of another. Each fn is
+    compiled and warmed up first; `measure(..., wall=)` then reuses the compilation."""
+    jitted = {label: _jitted(fn) for label, (fn, _) in programs.items()}
+    first = {label: _first_calls(jitted[label], sets) for label, (_, sets) in programs.items()}
+    for label, (_, sets) in programs.items():
+        _wall_samples(jitted[label], sets, warmup)
+    samples: dict[str, list[float]] = {label: [] for label in programs}
+    for i in range(repeats):
+        for label, (_, sets) in programs.items():
+            samples[label] += _wall_samples(jitted[label], [sets[i % len(sets)]], 1)
+    return {label: Wall(samples[label], first[label]) for label in programs}
+
+
+def measure(
+    fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3,
+    wall: Wall | None = None,
+) -> Timing:
+    """Time `fn(*args)` over rotating `arg_sets` (each a full set of inputs); with `wall`
+    (from `interleaved_wall`), those wall samples instead of taking its own."""
+    jitted = _jitted(fn)
+    if wall is None:
+        first_call_s = _first_calls(jitted, arg_sets)  # compile, and touch every copy once
+        _wall_samples(jitted, arg_sets, warmup)
+        samples = _wall_samples(jitted, arg_sets, repeats)
+    else:
+        samples, first_call_s = wall.samples_us, wall.first_call_s
     kernel, kernels, error = _cupti(fn, arg_sets, repeats)
     return Timing(
-        wall_us=statistics.median(wall),
+        wall_us=statistics.median(samples),
         kernel_us=statistics.median(kernel) if kernel else None,
-        wall_samples_us=wall,
+        wall_samples_us=samples,
         kernel_samples_us=kernel,
         kernels=kernels,
         copies=len(arg_sets),

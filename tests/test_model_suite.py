@@ -40,19 +40,30 @@ def test_quick_run_measures_every_cell_and_writes_tables(tmp_path):
         for r in cell.rounds[0].values():
             samples, low, high = r["wall_spread_us"]
             assert r["wall_us"] > 0 and samples == 1 and low == high == round(r["wall_us"], 1)
+            assert r["wall_samples_us"] == [round(r["wall_us"], 1)]
             assert r["kernel_spread_us"] == [0]  # no CUPTI on CPU
+        paired = ms.paired_wall_ratio(cell, 0, "jaxnorm")
+        jaxnorm, stock = (cell.rounds[0][v]["wall_samples_us"][0] for v in ("jaxnorm", "stock"))
+        assert paired == jaxnorm / stock
     payload = json.loads((tmp_path / "model-suite.json").read_text())
     assert [c.phase for c in ms.from_json(payload)] == [c.phase for c in cells]
     table = (tmp_path / "model-suite.md").read_text()
-    assert table.count("| tiny |") == 3 * len(cells) + len(cells) * len(ms.VARIANTS)
+    # per cell: three metric rows, a paired-wall row per variant but stock, a breakdown row
+    # per variant
+    assert table.count("| tiny |") == len(cells) * (3 + len(ms.VARIANTS) - 1 + len(ms.VARIANTS))
     assert summarize._json_section(payload)[0] == table
 
 
 def test_each_round_measures_the_variants_in_a_rotated_order(monkeypatch):
     """Over as many rounds as variants, each variant is measured once in each position
-    (the progress lines say the order); the results keep the variants' order."""
+    (the progress lines say the order), its wall samples taken in turn in that order; the
+    results keep the variants' order."""
     monkeypatch.setattr(ms, "_measure", lambda *a, **k: {"wall_us": 1.0, "kernel_us": None,
                                                          "kernels": 0.0})
+    wall_orders = []
+    monkeypatch.setattr(ms.timing, "interleaved_wall",
+                        lambda programs, **k: wall_orders.append(list(programs)) or {
+                            v: None for v in programs})
     log = io.StringIO()
     cells = ms.run([ms.QUICK], rounds=len(ms.VARIANTS), repeats=1, warmup=0,
                    phases=("prefill",), console=Console(file=log, width=200))
@@ -63,6 +74,7 @@ def test_each_round_measures_the_variants_in_a_rotated_order(monkeypatch):
     for position in range(n):
         assert sorted(o[position] for o in orders) == sorted(ms.VARIANTS)
     assert [list(r) for r in cells[0].rounds] == [list(ms.VARIANTS)] * n
+    assert wall_orders == orders
 
 
 def test_detail_writes_each_variants_kernels_and_its_timed_program(tmp_path):

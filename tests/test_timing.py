@@ -55,3 +55,26 @@ def test_rotated_copies_are_timed_together(profiled):
     t = timing.measure(fn, sets, repeats=2, warmup=0)
     assert profiled == [timing._run_all(fn)] and len(traces) == 1 + 2
     assert t.copies == 2 and t.kernel_us == 1000.0
+
+
+def test_interleaved_wall_takes_one_sample_of_each_program_per_pass(monkeypatch):
+    """After each program's compile and warm-up, the samples alternate A, B, A, B: sample i
+    of one and of the other come from the same pass; measure(wall=) keeps them."""
+    fa, _ = _traced_fn()
+    fb, _ = _traced_fn()
+    args = [(jnp.arange(4.0), jnp.ones(4))]
+    calls = []
+    real = timing._wall_samples
+
+    def recording(fn, arg_sets, repeats):
+        calls.append((fn, repeats))
+        return real(fn, arg_sets, repeats)
+
+    monkeypatch.setattr(timing, "_wall_samples", recording)
+    walls = timing.interleaved_wall({"a": (fa, args), "b": (fb, args)}, repeats=3, warmup=2)
+    ja, jb = timing._jitted(fa), timing._jitted(fb)
+    assert calls == [(ja, 2), (jb, 2)] + [(ja, 1), (jb, 1)] * 3
+    assert [len(w.samples_us) for w in walls.values()] == [3, 3]
+    calls.clear()
+    t = timing.measure(fa, args, repeats=3, wall=walls["a"])
+    assert calls == [] and t.wall_samples_us == walls["a"].samples_us
