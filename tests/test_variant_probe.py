@@ -120,3 +120,25 @@ def test_gain_in_the_mainloop_variant_moves_the_gain_into_the_kernel():
     want = np.asarray(outside, np.float32)
     np.testing.assert_allclose(np.asarray(inside, np.float32), want,
                                atol=2e-2 * np.abs(want).max())
+
+
+def test_summary_pairs_each_wall_sample_with_stocks_from_its_pass():
+    rows = [{"round": 1, "variant": "stock", "best_us": 100, "wall_samples_us": [10, 20, 30]},
+            {"round": 1, "variant": "jaxnorm", "best_us": 90, "wall_samples_us": [11, 18, 60]}]
+    summary = variant_probe.summarize_rows(rows, ["stock", "jaxnorm"], 1)
+    assert summary["jaxnorm"] == {"vs_stock": [0.9], "median": 0.9,
+                                  "wall_paired_vs_stock": [1.1]}  # median of 1.1, 0.9, 2.0
+    assert summary["stock"]["wall_paired_vs_stock"] == [1.0]
+
+
+def test_main_writes_every_rounds_rows_with_their_wall_samples(tmp_path):
+    """CPU, the tiny model: the code path (timings mean nothing)."""
+    import json
+
+    variant_probe.main(["--model", "tiny", "--phase", "prefill", "--rounds", "2", "--repeats",
+                        "2", "--variants", "stock,jaxnorm", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "probe-tiny-prefill.json").read_text())
+    assert [(r["round"], r["variant"]) for r in payload["rows"]] == [
+        (1, "stock"), (1, "jaxnorm"), (2, "jaxnorm"), (2, "stock")]
+    assert all(len(r["wall_samples_us"]) == 2 for r in payload["rows"])
+    assert len(payload["summary"]["jaxnorm"]["wall_paired_vs_stock"]) == 2

@@ -1,5 +1,6 @@
 """A model-suite cell (training step or prefill) with more variants than the suite's four,
-measured in interleaved rounds, to take jaxnorm's model apart:
+measured in rounds (order rotated; wall samples taken in turn, one of each variant per
+pass, then CUPTI per variant), to take jaxnorm's model apart:
 
 - "unfused attention input": jaxnorm's model with `jaxnorm.rms_norm_attention_input`
   off, so q/k/v come from the pre-norm projections and the heads are normed by
@@ -126,17 +127,17 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-0.6b", choices=(*model_suite.SHAPES, "tiny"))
     parser.add_argument("--phase", default="train", choices=("train", "prefill"))
     parser.add_argument("--variants", default=",".join(
         ("stock", "jaxnorm", *EXTRA[:2], "flashified", "norm-free")))
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--detail", action="store_true")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     labels = args.variants.split(",")
     unknown = set(labels) - set(model_suite.VARIANTS) - set(EXTRA)
     if unknown or "stock" not in labels:
@@ -150,32 +151,51 @@ def main() -> None:
     variants = probe_variants(shape, case, labels)
     rows = []
     for r in range(args.rounds):
-        for label in model_suite.measurement_order(labels, r):
-            model, fn = variants[label]
-            _, arg_sets = case(model)
-            t = timing.measure(fn, arg_sets, repeats=args.repeats, warmup=3)
+        order = model_suite.measurement_order(labels, r)
+        arg_sets = {label: case(variants[label][0])[1] for label in order}
+        walls = timing.interleaved_wall({label: (variants[label][1], arg_sets[label])
+                                         for label in order}, repeats=args.repeats)
+        for label in order:
+            fn = variants[label][1]
+            t = timing.measure(fn, arg_sets[label], repeats=args.repeats, wall=walls[label])
             row = {"round": r + 1, "variant": label, "wall_us": round(t.wall_us),
+                   "wall_samples_us": [round(w) for w in t.wall_samples_us],
                    "kernel_us": t.kernel_us and round(t.kernel_us),
                    "kernel_samples_us": [round(k) for k in t.kernel_samples_us],
                    "best_us": round(t.best_us), "kernels": len(t.kernels),
                    "first_call_s": round(t.first_call_s, 1)}
             if r == 0 and args.detail:
                 name = f"{shape.name}-{args.phase}-{label.replace(' ', '_')}"
-                model_suite.write_detail(out / name, fn, arg_sets, list(t.kernels),
+                model_suite.write_detail(out / name, fn, arg_sets[label], list(t.kernels),
                                          len(t.kernels))
             rows.append(row)
-            print(json.dumps(row), flush=True)
-            del arg_sets
-    best = {(x["round"], x["variant"]): x["best_us"] for x in rows}
-    summary = {}
-    for label in labels:  # kernel time (CUPTI), wall time where CUPTI is missing
-        ratios = [best[r, label] / best[r, "stock"] for r in range(1, args.rounds + 1)]
-        summary[label] = {"vs_stock": [round(x, 4) for x in ratios],
-                          "median": round(statistics.median(ratios), 4)}
+            print(json.dumps({k: v for k, v in row.items() if not k.endswith("samples_us")}),
+                  flush=True)
+        del arg_sets
+    summary = summarize_rows(rows, labels, args.rounds)
+    for label in labels:
         print(label, summary[label], flush=True)
     (out / f"probe-{shape.name}-{args.phase}.json").write_text(json.dumps(
         {"model": shape.name, "phase": args.phase, "shape": getattr(shape, args.phase),
          "rows": rows, "summary": summary}, indent=1))
+
+
+def summarize_rows(rows: list[dict], labels: list[str], rounds: int) -> dict[str, dict]:
+    """Per variant against stock, by round: kernel time (CUPTI; wall where it is missing),
+    and the wall time paired by pass (the median of its sample over stock's from the same
+    pass of `timing.interleaved_wall`)."""
+    by = {(x["round"], x["variant"]): x for x in rows}
+    summary = {}
+    for label in labels:
+        ratios = [by[r, label]["best_us"] / by[r, "stock"]["best_us"]
+                  for r in range(1, rounds + 1)]
+        paired = [statistics.median(a / b for a, b in zip(by[r, label]["wall_samples_us"],
+                                                          by[r, "stock"]["wall_samples_us"]))
+                  for r in range(1, rounds + 1)]
+        summary[label] = {"vs_stock": [round(x, 4) for x in ratios],
+                          "median": round(statistics.median(ratios), 4),
+                          "wall_paired_vs_stock": [round(x, 4) for x in paired]}
+    return summary
 
 
 if __name__ == "__main__":
