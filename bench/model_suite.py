@@ -460,14 +460,26 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     return cells
 
 
-def paired_wall_ratio(cell: Cell, r: int, variant: str) -> float | None:
-    """The median over round r's passes of variant's wall sample / stock's from the same pass
-    (taken one after the other), or None where the round kept no samples (older records)."""
+def paired_wall_quartiles(cell: Cell, r: int, variant: str) -> tuple[float, float, float] | None:
+    """(lower quartile, median, upper quartile) over round r's passes of variant's wall sample
+    / stock's from the same pass (taken one after the other), or None where the round kept
+    no samples (older records). A ratio of 1 inside the quartiles is stock's time within
+    the round's pass-to-pass noise."""
     a = cell.rounds[r][variant].get("wall_samples_us")
     b = cell.rounds[r]["stock"].get("wall_samples_us")
     if not a or not b:
         return None
-    return statistics.median(x / y for x, y in zip(a, b))
+    ratios = [x / y for x, y in zip(a, b)]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def paired_wall_ratio(cell: Cell, r: int, variant: str) -> float | None:
+    """The median of `paired_wall_quartiles`, or None."""
+    quartiles = paired_wall_quartiles(cell, r, variant)
+    return None if quartiles is None else quartiles[1]
 
 
 def gap_closed(stock: float, candidate: float, limit: float) -> float | None:
@@ -547,14 +559,14 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
     paired = []
     for cell in cells:
         for v in variants[1:]:
-            ratios = [paired_wall_ratio(cell, r, v) if v in cell.rounds[r] else None
-                      for r in range(len(cell.rounds))]
-            if ratios and None not in ratios:
-                paired.append(f"| {cell.model} | {cell.phase} | {v} | "
-                              + ", ".join(f"{x:.3f}" for x in ratios) + " |")
+            quartiles = [paired_wall_quartiles(cell, r, v) if v in cell.rounds[r] else None
+                         for r in range(len(cell.rounds))]
+            if quartiles and None not in quartiles:
+                paired.append(f"| {cell.model} | {cell.phase} | {v} | " + ", ".join(
+                    f"{m:.3f} [{lo:.3f}-{hi:.3f}]" for lo, m, hi in quartiles) + " |")
     if paired:
-        lines += ["", "Wall time paired by pass (the median of a variant's sample over stock's "
-                  "from the same pass), per round:", "",
+        lines += ["", "Wall time paired by pass (a variant's sample over stock's from the same "
+                  "pass), per round: median [quartiles]", "",
                   "| model | phase | variant | vs stock (rounds) |", "|---|---|---|---|", *paired]
     if not breakdown:
         return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from rich.console import Console
 
@@ -136,3 +137,13 @@ def test_bounded_limit_is_a_fifth_variant_with_its_own_gap_column(tmp_path):
     assert ms._gaps(cells[0], "wall_us", ms.BOUNDED)[0] == (
         "n/a" if expected is None else f"{100 * expected:.0f}%")
     assert json.loads((tmp_path / "model-suite.json").read_text())["variants"][-1] == ms.BOUNDED
+
+
+def test_paired_quartiles_are_those_of_the_per_pass_ratios():
+    cell = ms.Cell("m", "prefill", "1x1", 1, [{
+        "stock": {"wall_samples_us": [10.0, 10.0, 10.0, 10.0, 10.0]},
+        "jaxnorm": {"wall_samples_us": [9.0, 10.0, 11.0, 12.0, 8.0]}}])
+    assert ms.paired_wall_quartiles(cell, 0, "jaxnorm") == pytest.approx((0.9, 1.0, 1.1))
+    assert ms.paired_wall_ratio(cell, 0, "jaxnorm") == pytest.approx(1.0)
+    cell.rounds[0]["jaxnorm"] = {"wall_us": 9.0}  # a record from before samples were kept
+    assert ms.paired_wall_quartiles(cell, 0, "jaxnorm") is None
