@@ -8,7 +8,10 @@ time the GPU spends between kernels. This traces a few calls of each variant wit
 one's end, the busy time (the union of kernel intervals), the idle time between them,
 the delay from the call's host dispatch to its first kernel; and the idle time summed by
 the kernel that started after each gap (names with their numeric suffix removed), so
-a variant that waits before its custom calls, or its copies, shows it by name. Usage:
+a variant that waits before its custom calls, or its copies, shows it by name; on the
+host, the events between each dispatch and its first kernel and the first call's CUDA
+graph launches. Host times are traced ones (profiling changes them; compare variants
+with the model suite's untraced wall time before acting on them). Usage:
 python bench/gpu/timeline_probe.py --model gemma3-1b --phase train --variants stock,jaxnorm \
     --out DIR
 """
