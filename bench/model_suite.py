@@ -467,13 +467,7 @@ def paired_wall_quartiles(cell: Cell, r: int, variant: str) -> tuple[float, floa
     the round's pass-to-pass noise."""
     a = cell.rounds[r][variant].get("wall_samples_us")
     b = cell.rounds[r]["stock"].get("wall_samples_us")
-    if not a or not b:
-        return None
-    ratios = [x / y for x, y in zip(a, b)]
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
-    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return q1, median, q3
+    return timing.paired_quartiles(a, b) if a and b else None
 
 
 def paired_wall_ratio(cell: Cell, r: int, variant: str) -> float | None:

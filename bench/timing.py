@@ -154,6 +154,17 @@ def interleaved_wall(programs: Mapping[str, tuple[Callable[..., Any], Sequence[A
     return {label: Wall(samples[label], first[label]) for label in programs}
 
 
+def paired_quartiles(samples_us: Sequence[float],
+                     reference_us: Sequence[float]) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile) of sample i / reference sample i: two
+    programs' `interleaved_wall` samples, paired by pass."""
+    ratios = [a / b for a, b in zip(samples_us, reference_us)]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, median, q3
+
+
 def measure(
     fn: Callable[..., Any], arg_sets: Sequence[Args], *, repeats: int = 30, warmup: int = 3,
     wall: Wall | None = None,

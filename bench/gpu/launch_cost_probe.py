@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import jax
@@ -75,22 +74,16 @@ def run(kinds: tuple[str, ...], launches: tuple[int, ...], *, rows: int = 128, d
     x = jax.random.normal(keys[0], (rows, dim), jnp.bfloat16)
     w = (jax.random.normal(keys[1], (dim, dim), jnp.float32) / dim ** 0.5).astype(jnp.bfloat16)
     r = jax.random.uniform(keys[2], (rows,), jnp.float32, 0.5, 1.5)
-    programs = {(k, n): jax.jit(chain(k, n, w, r, interpret=interpret))
-                for k in kinds for n in launches}
-    for fn in programs.values():  # compile and warm up
-        for _ in range(3):
-            jax.block_until_ready(fn(x))
-    wall: dict[tuple[str, int], list[float]] = {key: [] for key in programs}
-    for _ in range(repeats):  # one sample of every program per pass: drift falls on all alike
-        for key, fn in programs.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(x))
-            wall[key].append((time.perf_counter() - start) * 1e6)
+    programs = {(k, n): chain(k, n, w, r, interpret=interpret) for k in kinds for n in launches}
+    # One sample of every program per pass: drift falls on all alike.
+    walls = timing.interleaved_wall({f"{k}:{n}": (fn, [(x,)]) for (k, n), fn in programs.items()},
+                                    repeats=repeats)
     cells = []
     for (kind, n), fn in programs.items():
-        t = timing.measure(fn, [(x,)], repeats=min(repeats, 20), warmup=2)
-        cells.append({"kind": kind, "launches": n, "wall_us": statistics.median(wall[(kind, n)]),
-                      "wall_min_us": min(wall[(kind, n)]), "kernel_us": t.kernel_us,
+        wall = walls[f"{kind}:{n}"]
+        t = timing.measure(fn, [(x,)], repeats=min(repeats, 20), wall=wall)
+        cells.append({"kind": kind, "launches": n, "wall_us": t.wall_us,
+                      "wall_min_us": min(wall.samples_us), "kernel_us": t.kernel_us,
                       "kernels": len(t.kernels), "kernel_names": sorted({k for k, _ in t.kernels}),
                       "cupti_error": t.cupti_error})
     per_kind = {}
