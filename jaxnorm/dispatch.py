@@ -223,19 +223,22 @@ def call_with_xla_backward(op: str, impl: str, *args: Any, return_input: bool = 
     recomputes what it needs, so a forward-only kernel serves under autodiff. kwargs are
     static (hashable). `return_input`: x (the first argument) after the outputs, its
     cotangent given to the xla implementation's VJP (called with return_input=True)."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), False, return_input,
+    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), return_input,
                          _AUTOMATIC.get(), args)
 
 
 def call_with_stock_backward(op: str, impl: str, *args: Any, return_input: bool = False,
                              **kwargs: Any) -> Any:
-    """`call(op, impl, ..., stats)` whose last argument is x's own row statistics,
-    differentiated as stock's graph: JAX's VJP of the xla implementation without them (the
-    norm reducing x), so the whole gradient flows through x and theirs is zero. The
-    statistics' producer then gets no cotangent, and under jit its backward keeps none of
-    their terms. kwargs are static (hashable); `return_input` as `call_with_xla_backward`."""
-    return _with_xla_vjp(op, impl, tuple(sorted(kwargs.items())), True, return_input,
-                         _AUTOMATIC.get(), args)
+    """`call(op, impl, ..., stats)` whose last argument is x's own row statistics, chosen by
+    impl=None: the kernel serves the primal (inference), and under differentiation the op is
+    stock's graph, forward and backward (JAX's VJP of the xla implementation without the
+    statistics, the norm reducing x), as `jaxnorm.autodiff` differentiates every op whose
+    kernel impl=None chose: a training step gains nothing from a forward whose normalized
+    input its backward must form again. The statistics get no cotangent and are not read,
+    so under jit their producer's reduction is dropped. kwargs are static (hashable);
+    `return_input` as `call_with_xla_backward`."""
+    return _stock_when_differentiated(op, impl, tuple(sorted(kwargs.items())), return_input,
+                                      _AUTOMATIC.get(), args)
 
 
 def _call_returning_input(op: str, impl: str, kwargs: tuple, return_input: bool,
@@ -244,31 +247,54 @@ def _call_returning_input(op: str, impl: str, kwargs: tuple, return_input: bool,
     return (*out, args[0]) if return_input else out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
-def _with_xla_vjp(op: str, impl: str, kwargs: tuple, without_stats: bool, return_input: bool,
-                  automatic: bool, args: tuple) -> Any:
+def _xla_vjp(op: str, kwargs: tuple, return_input: bool, automatic: bool,
+             args: tuple) -> tuple[Any, Callable[..., Any]]:
+    """(outputs, VJP) of the xla implementation at `args`, traced in the op's
+    `automatic_scope` (a VJP traced later, in the backward, needs it restored)."""
+    extra = {"return_input": True} if return_input else {}
+    with automatic_scope(automatic):
+        return jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs), **extra), args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _with_xla_vjp(op: str, impl: str, kwargs: tuple, return_input: bool, automatic: bool,
+                  args: tuple) -> Any:
     return _call_returning_input(op, impl, kwargs, return_input, args)
 
 
-def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, without_stats: bool,
-                      return_input: bool, automatic: bool, args: tuple):
+def _with_xla_vjp_fwd(op: str, impl: str, kwargs: tuple, return_input: bool, automatic: bool,
+                      args: tuple):
     return _call_returning_input(op, impl, kwargs, return_input, args), args
 
 
-def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, without_stats: bool,
-                      return_input: bool, automatic: bool, args: tuple, cotangents):
-    """JAX's VJP of the xla implementation; `without_stats`: of it without the last argument
-    (x's own statistics), whose cotangent is then zero. Traced after the op's call returned,
-    so the call's `automatic_scope` is restored for it."""
-    differentiated = args[:-1] if without_stats else args
-    extra = {"return_input": True} if return_input else {}
-    with automatic_scope(automatic):
-        _, vjp = jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs), **extra), differentiated)
-        (grads,) = vjp(cotangents)
-    return ((*grads, None) if without_stats else grads,)
+def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, return_input: bool, automatic: bool,
+                      args: tuple, cotangents):
+    _, vjp = _xla_vjp(op, kwargs, return_input, automatic, args)
+    return vjp(cotangents)
 
 
 _with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _stock_when_differentiated(op: str, impl: str, kwargs: tuple, return_input: bool,
+                               automatic: bool, args: tuple) -> Any:
+    return _call_returning_input(op, impl, kwargs, return_input, args)
+
+
+def _stock_when_differentiated_fwd(op: str, impl: str, kwargs: tuple, return_input: bool,
+                                   automatic: bool, args: tuple):
+    return _xla_vjp(op, kwargs, return_input, automatic, args[:-1])
+
+
+def _stock_when_differentiated_bwd(op: str, impl: str, kwargs: tuple, return_input: bool,
+                                   automatic: bool, vjp: Callable[..., Any], cotangents):
+    (grads,) = vjp(cotangents)
+    return ((*grads, None),)
+
+
+_stock_when_differentiated.defvjp(_stock_when_differentiated_fwd,
+                                  _stock_when_differentiated_bwd)
 
 
 def _chose(op: str, choice: tuple[str, str | None]) -> None:

@@ -6,13 +6,15 @@ only by the GEMM. Either way `residual_dense` -> `rms_norm_dense(statistics=...)
 has the gradient of the unfused h -> norm -> dense: through h alone (impl=None), or
 through h and the statistics' cotangent (an explicit impl).
 
-Where automatic dispatch (impl=None) picks the kernel, its forward is paired with
-the backward of stock's graph (the norm reducing x itself, differentiated by JAX):
-the statistics are x's by contract, so the whole gradient flows through x, theirs is
-zero, and the producer's backward carries no statistics terms (the given-statistics
-backward wrote two more [M, K] tensors per op). Where it falls back to xla, the op
-runs stock's graph: the statistics are unused, and under jit XLA drops the reduction
-that produced them. An explicit impl keeps the given-statistics formulation, forward
+Where automatic dispatch (impl=None) picks the kernel, it serves the primal
+(inference), and under differentiation the op is stock's graph, forward and backward
+(the norm reducing x itself, differentiated by JAX; `dispatch.call_with_stock_backward`),
+as `jaxnorm.autodiff` differentiates every automatically dispatched op: the statistics
+are x's by contract, so the whole gradient flows through x, theirs is zero, the
+producer's backward carries no statistics terms (the given-statistics backward wrote
+two more [M, K] tensors per op), and nothing reads the statistics in a training step.
+Where it falls back to xla, the op runs stock's graph: the statistics are unused, and
+under jit XLA drops the reduction that produced them. An explicit impl keeps the given-statistics formulation, forward
 and backward (the kernel paired with the xla formulation's VJP), which is exact for
 statistics that are not x's.
 """

@@ -325,3 +325,26 @@ def test_automatic_kernel_differentiates_stocks_graph(kernel_where_automatic_pic
     expected = vr.composed_vjp("rms", *args, magnitude=False)
     magnitudes = vr.composed_vjp("rms", *args, magnitude=True)
     assert vr.check_grads(got, expected, magnitudes, BF16, 128) <= 1.0
+
+
+def test_automatic_kernel_serves_inference_only(kernel_where_automatic_picks_it, request):
+    """impl=None's kernel for given statistics runs where nothing differentiates the op; a
+    training step's gradient traces stock's graph alone (no kernel forward whose normalized
+    input the backward would form again), and its primal output is stock's value."""
+    rng = _rng(request)
+    inputs = residual_inputs(rng, (1024,), 64, 128, bias=False)
+    norm_inputs = consumer_inputs(rng, "rms", 128, (256,))
+    h, stats = jaxnorm.residual_dense(inputs["x"], inputs["kernel"], inputs["residual"])
+
+    def loss(h):
+        y = consume("rms", h, stats, norm_inputs, None)
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+    # An interpreted Mosaic GPU kernel traces as one `mpmd_map` (pallas_call on the GPU).
+    assert primitive_counts(lambda h: consume("rms", h, stats, norm_inputs, None), h)[
+        "mpmd_map"] == 1
+    assert primitive_counts(jax.value_and_grad(loss), h)["mpmd_map"] == 0
+    value = jax.value_and_grad(loss)(h)[0]
+    stock = jnp.sum(jnp.square(
+        consume("rms", h, None, norm_inputs, "xla").astype(jnp.float32)))
+    np.testing.assert_allclose(value, stock, rtol=1e-6)

@@ -142,3 +142,33 @@ def test_main_writes_every_rounds_rows_with_their_wall_samples(tmp_path):
         (1, "stock"), (1, "jaxnorm"), (2, "jaxnorm"), (2, "stock")]
     assert all(len(r["wall_samples_us"]) == 2 for r in payload["rows"])
     assert len(payload["summary"]["jaxnorm"]["wall_paired_vs_stock"]) == 2
+
+
+def test_statistics_kernel_in_training_variant_runs_the_kernel_forward_under_grad(monkeypatch):
+    """Under the variant a training step's forward traces the given-statistics kernel
+    (interpreted here), which jaxnorm's default replaces by stock's forward; the gradient is
+    the same VJP of stock's graph either way (against float64 in tests/test_residual.py)."""
+    import jax.numpy as jnp
+    import jaxnorm
+    from graph_checks import primitive_counts
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    resolve = dispatch.resolve
+    monkeypatch.setattr(dispatch, "resolve", lambda op, impl, *a, **k: (
+        "interpret" if (c := resolve(op, impl, *a, **k)) == "mosaic" else c))
+    keys = jax.random.split(jax.random.key(5), 4)
+    h = jax.random.normal(keys[0], (1024, 128), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (128, 256)) / 11).astype(jnp.bfloat16)
+    scale = jax.random.uniform(keys[2], (128,), jnp.float32, 0.5, 1.5)
+    _, stats = jaxnorm.residual_dense(h, jnp.eye(128, dtype=jnp.bfloat16), jnp.zeros_like(h))
+    dy = jax.random.normal(keys[3], (1024, 256), jnp.float32)
+    loss = lambda h: jnp.sum(dy * jaxnorm.rms_norm_dense(h, scale, w, statistics=stats))
+    grad = jax.value_and_grad(loss)
+    # A new function per trace (JAX caches traces by function, not by what dispatch says);
+    # an interpreted Mosaic kernel traces as one `mpmd_map`.
+    kernels = lambda: primitive_counts(lambda h: grad(h), h)["mpmd_map"]
+    assert kernels() == 0
+    with variant_probe._statistics_kernel_in_training():
+        assert kernels() == 1
+        kernel_dh = grad(h)[1]
+    np.testing.assert_array_equal(np.asarray(kernel_dh), np.asarray(grad(h)[1]))  # one VJP

@@ -17,6 +17,9 @@ pass, then CUPTI per variant), to take jaxnorm's model apart:
 - "gain in the mainloop": jaxnorm's model with the lazy pre-norm GEMM scaling each x tile
   by the norm's gain in its mainloop (`lazy_rms_matmul(gain_in_kernel=True)`) instead of
   an XLA pass scaling x or the weights before it, wherever its config allows;
+- "statistics kernel in training": jaxnorm's model with the pre-norm kernel that takes
+  the producer's statistics running in a training step's forward too, paired with the VJP
+  of stock's graph (`dispatch.call_with_stock_backward` runs stock's forward there);
 - "norm-free (scaled)": the norm-free limit with each norm a multiplication by a constant
   calibrated on one batch of stock (`model_suite.with_scaled_norms`): the limit's work,
   with activations at stock's scale instead of growing without bound.
@@ -31,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import jax
 from flax import nnx
 
 from bench import model_suite, timing
@@ -45,7 +50,8 @@ from pallas_kernels import lazy_norm_matmul
 from pallas_kernels.errors import Unsupported
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
-         "residual GEMM", "gain in the mainloop", model_suite.BOUNDED)
+         "residual GEMM", "gain in the mainloop", "statistics kernel in training",
+         model_suite.BOUNDED)
 
 
 @contextlib.contextmanager
@@ -95,6 +101,35 @@ def _gain_in_mainloop() -> contextlib.AbstractContextManager:
     return _patched(lazy_norm_matmul, "lazy_rms_matmul", with_gain)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _statistics_kernel_forward(op: str, impl: str, kwargs: tuple, return_input: bool,
+                               automatic: bool, args: tuple):
+    """The given-statistics kernel whatever differentiates it; the VJP of stock's graph."""
+    return dispatch._call_returning_input(op, impl, kwargs, return_input, args)
+
+
+def _statistics_kernel_forward_fwd(op, impl, kwargs, return_input, automatic, args):
+    return _statistics_kernel_forward(op, impl, kwargs, return_input, automatic, args), args
+
+
+def _statistics_kernel_forward_bwd(op, impl, kwargs, return_input, automatic, args, cotangents):
+    _, vjp = dispatch._xla_vjp(op, kwargs, return_input, automatic, args[:-1])
+    (grads,) = vjp(cotangents)
+    return ((*grads, None),)
+
+
+_statistics_kernel_forward.defvjp(_statistics_kernel_forward_fwd,
+                                  _statistics_kernel_forward_bwd)
+
+
+def _statistics_kernel_in_training() -> contextlib.AbstractContextManager:
+    """`dispatch.call_with_stock_backward` with the kernel's forward under differentiation."""
+    def call(op, impl, *args, return_input=False, **kwargs):
+        return _statistics_kernel_forward(op, impl, tuple(sorted(kwargs.items())),
+                                          return_input, dispatch._AUTOMATIC.get(), args)
+    return _patched(dispatch, "call_with_stock_backward", call)
+
+
 def with_stock_qk_norms(stock: nnx.Module) -> nnx.Module:
     """jaxnorm's model of `stock`'s parameters, its blocks' q_norm and k_norm stock's."""
     out = models.load_params(stock, fused=True, impl=None)
@@ -113,7 +148,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     contexts = {"unfused attention input": unfused, "kernels declined": declined,
                 "norm backward kernel": lambda: _kernel_everywhere("rms_norm_backward"),
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense"),
-                "gain in the mainloop": _gain_in_mainloop}
+                "gain in the mainloop": _gain_in_mainloop,
+                "statistics kernel in training": _statistics_kernel_in_training}
     out = {}
     for label in labels:
         if label == model_suite.BOUNDED:
