@@ -48,17 +48,18 @@ def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Arr
                  scale_offset: float, impl: str | None,
                  return_input: bool = False) -> tuple[Array, ...]:
     """The unfused ops, each dispatching on its own under impl=None (`return_input`: x
-    after q, k, v, from `ops.rms_norm_dense`)."""
+    after q, k, v, from `ops.rms_norm_dense`); x [..., K] with tables and statistics of its
+    rows' shape ([M, K] rows, or the caller's [B, T, K] as the model's own layers)."""
     outs = ops.rms_norm_dense(x, scale, (w_q, w_k, w_v), eps=eps, scale_offset=scale_offset,
                               impl=impl, statistics=stats, return_input=return_input)
     (q, k, v), x_out = outs if return_input else (outs, x)
-    m = x.shape[0]
+    lead = x.shape[:-1]
 
     def normed_rotated(h: Array, gain: Array | None) -> Array:
-        heads = h.reshape(m, -1, head_dim)
+        heads = h.reshape(*lead, -1, head_dim)
         if gain is not None:
             heads = ops.rms_norm(heads, gain, eps=qk_eps, scale_offset=scale_offset, impl=impl)
-        return rotate_half(heads, cos, sin).reshape(m, -1)
+        return rotate_half(heads, cos, sin).reshape(*lead, -1)
 
     qkv = normed_rotated(q, q_scale), normed_rotated(k, k_scale), v
     return (*qkv, x_out) if return_input else qkv
@@ -134,12 +135,16 @@ def rms_norm_attention_input(
         tables.append(t.reshape(-1, head_dim // 2))
     stats = None if statistics is None else row_stats.flat_rows(
         row_stats.check("statistics", statistics, x.shape))
+    cos_t, sin_t = tables
     args = (x.reshape(-1, k), None if scale is None else jnp.asarray(scale), *weights,
             *(None if g is None else jnp.asarray(g) for g in (q_scale, k_scale)), *tables, stats)
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
-    if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`
-        outs = _composition(*args, **kwargs, impl=impl, return_input=return_input)
+    if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`, on x
+        # in the caller's shape, as the model's own layers compute it
+        shaped = (x, *args[1:7], cos_t.reshape(*lead, -1), sin_t.reshape(*lead, -1),
+                  None if stats is None else row_stats.reshaped(stats, lead))
+        outs = _composition(*shaped, **kwargs, impl=impl, return_input=return_input)
     else:
         outs = dispatch.call_with_xla_backward(OP, chosen, *args, **kwargs,
                                                return_input=return_input)

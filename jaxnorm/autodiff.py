@@ -33,7 +33,9 @@ kernel forward's saving (the normalized activation is never written) is
 repaid by forming it again for the weight gradient (docs/backward.md). An
 explicit impl, and the row-parallel `axis_name`, keep the lean backward below.
 
-Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first.
+Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first, and passes
+x's leading dims (`lead`) for the xla path that impl=None falls back to, which computes on
+x in the caller's shape (`jaxnorm.callers_rows`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import dispatch, partitioning, row_stats, sharding
+from jaxnorm import callers_rows, dispatch, partitioning, row_stats, sharding
 from jaxnorm.backends.xla import matmul_f32
 
 Array = jax.Array
@@ -63,14 +65,15 @@ class _Static(NamedTuple):
     automatic: bool = False  # impl=None resolved to a kernel: differentiate the xla formulation
     residual_after: bool = False  # post-norm: r + Norm(x @ W + b), not Norm(x @ W + b + r)
     output_stats: bool = False  # residual-after post-norm: also the output rows' (mean, M2)
+    lead: callers_rows.Lead = None  # automatic: the caller's leading dims of x (xla formulation)
 
 
 def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
             *inputs, automatic: bool = False, residual_after: bool = False,
-            output_stats: bool = False) -> _Static:
+            output_stats: bool = False, lead: callers_rows.Lead = None) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
     return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after,
-                   output_stats)
+                   output_stats, lead if automatic else None)
 
 
 def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -84,9 +87,14 @@ def _norm_params(kind: str, scale: Array | None, bias: Array | None) -> tuple:
     return (scale,) if kind == "rms" else (scale, bias)
 
 
-def _stock_fwd(op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """The xla formulation's output and its JAX VJP (a pytree the backward calls)."""
-    return jax.vjp(lambda *a: dispatch.call(op, "xla", *a, **kwargs), *args)
+def _stock_fwd(op: str, x: Array, *args: Any, lead: callers_rows.Lead,
+               **kwargs: Any) -> tuple[Any, Any]:
+    """The xla formulation's output and its JAX VJP (a pytree the backward calls), on x in
+    the caller's shape, `lead`."""
+    def xla_op(x: Array, *rest: Any) -> Any:
+        outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *rest, **kwargs)
+        return callers_rows.flat_outputs(outs, lead)
+    return jax.vjp(xla_op, x, *args)
 
 
 def _cast_like(grads: tuple, dtypes: tuple) -> tuple:
@@ -169,7 +177,8 @@ def _norm(s: _Static, x: Array, scale: Array | None, bias: Array | None) -> Arra
 def _norm_fwd(s: _Static, x, scale, bias):
     if s.automatic:
         args = (x, *_norm_params(s.kind, scale, bias))
-        return _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset)
+        return _stock_fwd(f"{s.kind}_norm", *args, eps=s.eps, scale_offset=s.scale_offset,
+                          lead=s.lead)
     stats = _row_stats(s, x.astype(F32))
     return _norm_primal(s, x, scale, bias, stats), (x, scale, stats)
 
@@ -209,9 +218,10 @@ def _rms_backward_kernel(s: _Static, x: Array, scale: Array | None,
 
 
 def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: float,
-         scale_offset: float, impl: str | None, axis_name: tuple | None = None) -> Array:
+         scale_offset: float, impl: str | None, axis_name: tuple | None = None,
+         lead: callers_rows.Lead = None) -> Array:
     """rms_norm (kind="rms", bias=None) or layer_norm with a custom VJP; x is [M, K]
-    (this shard's K columns with `axis_name`)."""
+    (this shard's K columns with `axis_name`), `lead` the caller's leading dims of x."""
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
             f"{kind}_norm", (x, scale, bias), lambda a, axis: norm(
@@ -221,11 +231,14 @@ def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: f
         op, args = f"{kind}_norm", (x, *_norm_params(kind, scale, bias))
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+            y = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:], eps=eps,
+                              scale_offset=scale_offset)
+            return callers_rows.flat(y, lead)
         impl = chosen
     else:
         automatic = False
-    s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, bias, automatic=automatic)
+    s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, bias, automatic=automatic,
+                lead=lead)
     return _norm(s, *sharding.match_varying(x, scale, bias))
 
 
@@ -254,7 +267,7 @@ def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
     if s.automatic:
         norm_args = _norm_params(s.kind, scale, norm_bias)
         return _stock_fwd(f"{s.kind}_norm_dense", x, *norm_args, kernels, biases, eps=s.eps,
-                          scale_offset=s.scale_offset)
+                          scale_offset=s.scale_offset, lead=s.lead)
     stats = _row_stats(s, x.astype(F32))
     outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, stats)
     return outs, (x, scale, norm_bias, kernels, stats)
@@ -296,12 +309,13 @@ _norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
 
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], *, eps: float,
-               scale_offset: float, impl: str | None,
-               axis_name: tuple | None = None) -> tuple[Array, ...]:
+               scale_offset: float, impl: str | None, axis_name: tuple | None = None,
+               lead: callers_rows.Lead = None) -> tuple[Array, ...]:
     """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense with a custom VJP.
 
     With `axis_name` x, the gains and the kernels' rows are this shard's K-slice;
-    the outputs are whole (psum-ed) and each bias is added once, after the sum.
+    the outputs are whole (psum-ed) and each bias is added once, after the sum. `lead`:
+    the caller's leading dims of x.
     """
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
@@ -314,9 +328,11 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
         args = (x, *_norm_params(kind, scale, norm_bias), kernels, biases)
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            return dispatch.call(op, "xla", *args, eps=eps, scale_offset=scale_offset)
+            outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:], eps=eps,
+                                 scale_offset=scale_offset)
+            return tuple(callers_rows.flat(y, lead) for y in outs)
         s = _static(kind, eps, scale_offset, chosen, None, x, scale, norm_bias, kernels, biases,
-                    automatic=automatic)
+                    automatic=automatic, lead=lead)
         return _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))
     none = (None,) * len(kernels)
     s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, norm_bias, kernels, none)
@@ -380,10 +396,19 @@ def _dense_norm_stock(s: _Static, x, kernel, bias, scale, norm_bias, residual) -
     return outs if s.output_stats or _returns_sum(s) else outs[0]
 
 
+def _dense_norm_in_callers_rows(s: _Static, x, kernel, bias, scale, norm_bias,
+                                residual) -> Any:
+    """`_dense_norm_stock` on x and the residual in the caller's shape (`s.lead`), its
+    outputs as rows."""
+    out = _dense_norm_stock(s, callers_rows.shaped(x, s.lead), kernel, bias, scale, norm_bias,
+                            callers_rows.shaped(residual, s.lead))
+    return callers_rows.flat_outputs(out, s.lead)
+
+
 def _dense_norm_fwd(s: _Static, x, kernel, bias, scale, norm_bias, residual):
     if s.automatic:
-        return jax.vjp(functools.partial(_dense_norm_stock, s), x, kernel, bias, scale,
-                       norm_bias, residual)
+        return jax.vjp(functools.partial(_dense_norm_in_callers_rows, s), x, kernel, bias,
+                       scale, norm_bias, residual)
     out_stats = None
     if s.residual_after:
         # The backward needs h, which the residual-after kernel does not write: run the
@@ -440,13 +465,15 @@ _dense_norm.defvjp(_dense_norm_fwd, _dense_norm_bwd)
 def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Array | None,
                norm_bias: Array | None, residual: Array | None, *, eps: float,
                impl: str | None, axis_name: tuple | None = None,
-               residual_after: bool = False, output_stats: bool = False) -> tuple[Any, Any]:
+               residual_after: bool = False, output_stats: bool = False,
+               lead: callers_rows.Lead = None) -> tuple[Any, Any]:
     """dense_rms_norm (kind="rms") or dense_layer_norm with a custom VJP: (normed, pre-norm
     sum), the sum only with a residual added before the norm (else None); with
     `residual_after`, (residual + normed, None), or with `output_stats` too, (residual +
     normed, its RowStats: of its float32 rows from a kernel, of its stored rows on the xla
     path, as `residual_dense`'s). With `axis_name` the kernel's columns (and the
-    N-vectors, the residual's columns) are this shard's N-slice (no `output_stats`)."""
+    N-vectors, the residual's columns) are this shard's N-slice (no `output_stats`).
+    `lead`: the caller's leading dims of x."""
     returns_sum = residual is not None and not residual_after
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
@@ -465,13 +492,16 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
     else:
         chosen, automatic = impl, False
     s = _static(kind, eps, 0.0, chosen, axis_name, x, kernel, bias, scale, norm_bias, residual,
-                automatic=automatic, residual_after=residual_after, output_stats=output_stats)
+                automatic=automatic, residual_after=residual_after, output_stats=output_stats,
+                lead=lead)
     if impl is None and chosen == "xla":
+        s = s._replace(lead=lead)
         if output_stats:  # those of the stored y, as residual_dense's: no float32 y is kept
-            y = _dense_norm_stock(s._replace(output_stats=False), x, kernel, bias, scale,
-                                  norm_bias, residual)
-            return y, row_stats.of_rows(y)
-        out = _dense_norm_stock(s, x, kernel, bias, scale, norm_bias, residual)
+            y = _dense_norm_stock(s._replace(output_stats=False), callers_rows.shaped(x, lead),
+                                  kernel, bias, scale, norm_bias,
+                                  callers_rows.shaped(residual, lead))
+            return callers_rows.flat(y, lead), row_stats.flat_rows(row_stats.of_rows(y))
+        out = _dense_norm_in_callers_rows(s, x, kernel, bias, scale, norm_bias, residual)
     else:
         out = _dense_norm(s, *sharding.match_varying(x, kernel, bias, scale, norm_bias,
                                                      residual))

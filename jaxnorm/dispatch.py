@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from jaxnorm import callers_rows
 from pallas_kernels import errors
 
 logger = logging.getLogger("jaxnorm")
@@ -228,17 +229,18 @@ def call_with_xla_backward(op: str, impl: str, *args: Any, return_input: bool = 
 
 
 def call_with_stock_backward(op: str, impl: str, *args: Any, return_input: bool = False,
-                             **kwargs: Any) -> Any:
+                             lead: tuple[int, ...] | None = None, **kwargs: Any) -> Any:
     """`call(op, impl, ..., stats)` whose last argument is x's own row statistics, chosen by
     impl=None: the kernel serves the primal (inference), and under differentiation the op is
     stock's graph, forward and backward (JAX's VJP of the xla implementation without the
     statistics, the norm reducing x), as `jaxnorm.autodiff` differentiates every op whose
     kernel impl=None chose: a training step gains nothing from a forward whose normalized
     input its backward must form again. The statistics get no cotangent and are not read,
-    so under jit their producer's reduction is dropped. kwargs are static (hashable);
-    `return_input` as `call_with_xla_backward`."""
+    so under jit their producer's reduction is dropped; stock's graph runs on x in the
+    caller's shape, `lead` its leading dims (`jaxnorm.callers_rows`). kwargs are static
+    (hashable); `return_input` as `call_with_xla_backward`."""
     return _stock_when_differentiated(op, impl, tuple(sorted(kwargs.items())), return_input,
-                                      _AUTOMATIC.get(), args)
+                                      _AUTOMATIC.get(), lead, args)
 
 
 def _call_returning_input(op: str, impl: str, kwargs: tuple, return_input: bool,
@@ -247,13 +249,20 @@ def _call_returning_input(op: str, impl: str, kwargs: tuple, return_input: bool,
     return (*out, args[0]) if return_input else out
 
 
-def _xla_vjp(op: str, kwargs: tuple, return_input: bool, automatic: bool,
-             args: tuple) -> tuple[Any, Callable[..., Any]]:
-    """(outputs, VJP) of the xla implementation at `args`, traced in the op's
-    `automatic_scope` (a VJP traced later, in the backward, needs it restored)."""
+def _xla_vjp(op: str, kwargs: tuple, return_input: bool, automatic: bool, args: tuple,
+             lead: tuple[int, ...] | None = None) -> tuple[Any, Callable[..., Any]]:
+    """(outputs, VJP) of the xla implementation at `args` (x, the first, computed on in the
+    shape `lead` gives, the outputs as rows), traced in the op's `automatic_scope` (a VJP
+    traced later, in the backward, needs it restored)."""
     extra = {"return_input": True} if return_input else {}
+
+    def xla_op(a: tuple) -> Any:
+        x, *rest = a
+        outs = call(op, "xla", callers_rows.shaped(x, lead), *rest, **dict(kwargs), **extra)
+        return callers_rows.flat_outputs(outs, lead)
+
     with automatic_scope(automatic):
-        return jax.vjp(lambda a: call(op, "xla", *a, **dict(kwargs), **extra), args)
+        return jax.vjp(xla_op, args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
@@ -276,19 +285,20 @@ def _with_xla_vjp_bwd(op: str, impl: str, kwargs: tuple, return_input: bool, aut
 _with_xla_vjp.defvjp(_with_xla_vjp_fwd, _with_xla_vjp_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def _stock_when_differentiated(op: str, impl: str, kwargs: tuple, return_input: bool,
-                               automatic: bool, args: tuple) -> Any:
+                               automatic: bool, lead: tuple[int, ...] | None, args: tuple) -> Any:
     return _call_returning_input(op, impl, kwargs, return_input, args)
 
 
 def _stock_when_differentiated_fwd(op: str, impl: str, kwargs: tuple, return_input: bool,
-                                   automatic: bool, args: tuple):
-    return _xla_vjp(op, kwargs, return_input, automatic, args[:-1])
+                                   automatic: bool, lead: tuple[int, ...] | None, args: tuple):
+    return _xla_vjp(op, kwargs, return_input, automatic, args[:-1], lead)
 
 
 def _stock_when_differentiated_bwd(op: str, impl: str, kwargs: tuple, return_input: bool,
-                                   automatic: bool, vjp: Callable[..., Any], cotangents):
+                                   automatic: bool, lead: tuple[int, ...] | None,
+                                   vjp: Callable[..., Any], cotangents):
     (grads,) = vjp(cotangents)
     return ((*grads, None),)
 

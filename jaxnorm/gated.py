@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxnorm import _checks, autodiff, dispatch, row_stats
+from jaxnorm import _checks, autodiff, callers_rows, dispatch, row_stats
 from jaxnorm.backends import xla_gated
 from jaxnorm.backends.xla_gated import ACTIVATIONS, OP
 
@@ -45,6 +45,7 @@ class _Static(NamedTuple):
     impl: str
     automatic: bool  # impl=None chose the kernel: differentiate the xla formulation
     return_input: bool = False  # x after the result, for the residual stream
+    lead: callers_rows.Lead = None  # automatic: the caller's leading dims of x
 
     def kwargs(self) -> dict[str, Any]:
         return dict(activation=self.activation, eps=self.eps, scale_offset=self.scale_offset)
@@ -57,9 +58,12 @@ def _gated(s: _Static, x, scale, gate_kernel, up_kernel, gate_bias, up_bias, sta
     return (y, x) if s.return_input else y
 
 
-def _xla_formulation(s: _Static, *args) -> Array | tuple[Array, Array]:
-    """(with `return_input`, x's two cotangents meet in the norm's backward kernel)."""
-    return xla_gated.rms_norm_gated_dense(*args, **s.kwargs(), return_input=s.return_input)
+def _xla_formulation(s: _Static, x: Array, *args) -> Array | tuple[Array, Array]:
+    """(with `return_input`, x's two cotangents meet in the norm's backward kernel), on x in
+    the caller's shape where `s.lead` gives it, the outputs as rows."""
+    out = xla_gated.rms_norm_gated_dense(callers_rows.shaped(x, s.lead), *args, **s.kwargs(),
+                                         return_input=s.return_input)
+    return callers_rows.flat_outputs(out, s.lead)
 
 
 def _gated_fwd(s: _Static, *args):
@@ -156,11 +160,13 @@ def rms_norm_gated_dense(
     kwargs = dict(activation=activation, eps=eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, stats, **kwargs)
     with dispatch.automatic_scope(impl is None):
-        if impl is None and chosen == "xla":  # stock's graph: the statistics go unused
-            out = xla_gated.rms_norm_gated_dense(*args, **kwargs, return_input=return_input)
+        if impl is None and chosen == "xla":  # stock's graph in the caller's shape: the
+            # statistics go unused
+            out = xla_gated.rms_norm_gated_dense(x, *args[1:], **kwargs,
+                                                 return_input=return_input)
         else:
             s = _Static(activation, eps, scale_offset, chosen, automatic=impl is None,
-                        return_input=return_input)
+                        return_input=return_input, lead=lead if impl is None else None)
             out = _gated(s, *args, stats)
     if not return_input:
         return out.reshape(*lead, n)

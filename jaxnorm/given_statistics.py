@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxnorm import dispatch
+from jaxnorm import callers_rows, dispatch
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
@@ -32,9 +32,10 @@ Array = jax.Array
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], stats: RowStats, *,
                eps: float, scale_offset: float, impl: str | None,
-               return_input: bool = False) -> tuple[Array, ...]:
+               return_input: bool = False, lead: callers_rows.Lead = None) -> tuple[Array, ...]:
     """rms_norm_dense (kind="rms") or layer_norm_dense of 2-D x with x's rows' statistics;
-    `return_input` (RMSNorm only): x after the outputs, for the residual stream."""
+    `return_input` (RMSNorm only): x after the outputs, for the residual stream; `lead`: the
+    caller's leading dims of x."""
     op = f"{kind}_norm_dense"
     params = (scale,) if kind == "rms" else (scale, norm_bias)
     args = (x, *params, kernels, biases, stats)
@@ -44,9 +45,12 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     if impl is None and chosen == "xla":
         # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
         # unused and XLA drops their producer's reduction (fewer kernels than applying them).
-        return dispatch.call(op, "xla", *args[:-1], **kwargs, **extra)
+        outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:-1], **kwargs,
+                             **extra)
+        return tuple(callers_rows.flat(y, lead) for y in outs)
     if chosen == "xla":
         return dispatch.call(op, "xla", *args, **kwargs, **extra)  # given-statistics formulation
     if impl is None:  # x's own statistics: the gradient of stock's graph, none for them
-        return dispatch.call_with_stock_backward(op, chosen, *args, **kwargs, **extra)
+        return dispatch.call_with_stock_backward(op, chosen, *args, **kwargs, **extra,
+                                                 lead=lead)
     return dispatch.call_with_xla_backward(op, chosen, *args, **kwargs, **extra)

@@ -63,7 +63,7 @@ def rms_norm(
     with dispatch.automatic_scope(impl is None):
         y = autodiff.norm(
             "rms", x2, _array(scale), None, eps=eps, scale_offset=scale_offset, impl=impl,
-            axis_name=axis,
+            axis_name=axis, lead=lead,
         )
     return y.reshape(*lead, k)
 
@@ -87,7 +87,7 @@ def layer_norm(
     x2, lead = _flatten(x)
     y = autodiff.norm(
         "layer", x2, _array(scale), _array(bias), eps=eps, scale_offset=scale_offset, impl=impl,
-        axis_name=axis,
+        axis_name=axis, lead=lead,
     )
     return y.reshape(*lead, k)
 
@@ -102,7 +102,7 @@ def _given_statistics(
                          "pass the statistics of the whole rows to a call without axis_name")
     k = x.shape[-1]
     return given_statistics.norm_dense(kind, x.reshape(-1, k), stats=row_stats.flat_rows(stats),
-                                       **kwargs)
+                                       lead=x.shape[:-1], **kwargs)
 
 
 def _unflatten_outputs(
@@ -159,7 +159,7 @@ def rms_norm_dense(
         x2, lead = _flatten(x)
         outs = autodiff.norm_dense(
             "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
-            impl=impl, axis_name=axis,
+            impl=impl, axis_name=axis, lead=lead,
         )
     outs = _unflatten_outputs(outs, lead, is_seq)
     return (outs, x) if return_input else outs
@@ -204,6 +204,7 @@ def layer_norm_dense(
         scale_offset=scale_offset,
         impl=impl,
         axis_name=axis,
+        lead=lead,
     )
     return _unflatten_outputs(outs, lead, is_seq)
 
@@ -309,7 +310,7 @@ def dense_rms_norm(
         y, extra = autodiff.dense_norm("rms", x2, w, _array(bias), gain, None, res, eps=eps,
                                        impl=impl, axis_name=axis,
                                        residual_after=residual_after is not None,
-                                       output_stats=return_statistics)
+                                       output_stats=return_statistics, lead=lead)
     return _post_norm_result(y, extra, lead, n, return_statistics)
 
 
@@ -342,6 +343,6 @@ def dense_layer_norm(
     y, extra = autodiff.dense_norm(
         "layer", x2, w, _array(bias), gain, _array(norm_bias), res, eps=eps, impl=impl,
         axis_name=axis, residual_after=residual_after is not None,
-        output_stats=return_statistics,
+        output_stats=return_statistics, lead=lead,
     )
     return _post_norm_result(y, extra, lead, n, return_statistics)

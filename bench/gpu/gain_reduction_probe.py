@@ -10,7 +10,8 @@ in one process:
 - one RMSNorm's gradient alone (M = 2048, K = 1152), written three ways: stock's [B, T, K],
   jaxnorm's [M, K], and [M, K] with the gain applied on a [M / t, t, K] view of the rows;
   kernels by name (CUPTI) and the Triton fusions XLA compiled;
-- a model's training step, stock, jaxnorm and jaxnorm with that view ("gain on 3-D view"):
+- a model's training step, stock, jaxnorm and jaxnorm with that view ("gain on 3-D view";
+  since jaxnorm's xla path computes on the caller's [B, T, K], jaxnorm is that shape already):
   the [K] gain reductions of the compiled program by emitter, then, in rounds with wall
   samples in turn, CUPTI kernel time and wall time against stock's (as
   bench/gpu/variant_probe.py).
@@ -62,13 +63,15 @@ def norm_rows_viewed(x: jax.Array, gain: jax.Array) -> jax.Array:
 
 
 def view_f32(x: jax.Array, scale: jax.Array | None, eps: float, scale_offset: float) -> jax.Array:
-    """`jaxnorm.backends.xla.rms_normalized_f32` with the gain applied on a rows view."""
+    """`jaxnorm.backends.xla.rms_normalized_f32` with the gain applied on a [M / t, t, K]
+    view of x's rows, whatever x's shape."""
     x32 = x.astype(jnp.float32)
-    y = x32 * statistics.rms_inverse(x32, eps)[:, None]
+    y = x32 * statistics.rms_inverse(x32, eps)[..., None]
     if scale is None:
         return y
-    m, k = y.shape
-    return (y.reshape(*rows_view(m), k) * xla._gain(scale, scale_offset)).reshape(m, k)
+    rows = y.reshape(-1, y.shape[-1])
+    m, k = rows.shape
+    return (rows.reshape(*rows_view(m), k) * xla._gain(scale, scale_offset)).reshape(y.shape)
 
 
 def gain_view() -> contextlib.AbstractContextManager:

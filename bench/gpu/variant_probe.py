@@ -101,19 +101,21 @@ def _gain_in_mainloop() -> contextlib.AbstractContextManager:
     return _patched(lazy_norm_matmul, "lazy_rms_matmul", with_gain)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def _statistics_kernel_forward(op: str, impl: str, kwargs: tuple, return_input: bool,
-                               automatic: bool, args: tuple):
+                               automatic: bool, lead: tuple[int, ...] | None, args: tuple):
     """The given-statistics kernel whatever differentiates it; the VJP of stock's graph."""
     return dispatch._call_returning_input(op, impl, kwargs, return_input, args)
 
 
-def _statistics_kernel_forward_fwd(op, impl, kwargs, return_input, automatic, args):
-    return _statistics_kernel_forward(op, impl, kwargs, return_input, automatic, args), args
+def _statistics_kernel_forward_fwd(op, impl, kwargs, return_input, automatic, lead, args):
+    return (_statistics_kernel_forward(op, impl, kwargs, return_input, automatic, lead, args),
+            args)
 
 
-def _statistics_kernel_forward_bwd(op, impl, kwargs, return_input, automatic, args, cotangents):
-    _, vjp = dispatch._xla_vjp(op, kwargs, return_input, automatic, args[:-1])
+def _statistics_kernel_forward_bwd(op, impl, kwargs, return_input, automatic, lead, args,
+                                   cotangents):
+    _, vjp = dispatch._xla_vjp(op, kwargs, return_input, automatic, args[:-1], lead)
     (grads,) = vjp(cotangents)
     return ((*grads, None),)
 
@@ -124,9 +126,9 @@ _statistics_kernel_forward.defvjp(_statistics_kernel_forward_fwd,
 
 def _statistics_kernel_in_training() -> contextlib.AbstractContextManager:
     """`dispatch.call_with_stock_backward` with the kernel's forward under differentiation."""
-    def call(op, impl, *args, return_input=False, **kwargs):
+    def call(op, impl, *args, return_input=False, lead=None, **kwargs):
         return _statistics_kernel_forward(op, impl, tuple(sorted(kwargs.items())),
-                                          return_input, dispatch._AUTOMATIC.get(), args)
+                                          return_input, dispatch._AUTOMATIC.get(), lead, args)
     return _patched(dispatch, "call_with_stock_backward", call)
 
 

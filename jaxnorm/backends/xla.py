@@ -1,7 +1,8 @@
 """Pure-JAX implementations: the same algebra on any device XLA runs on.
 
-Every function takes 2-D activations ([M, K]; the public ops flatten leading
-dims) and tuples of kernels/biases, and returns a tuple of outputs in x.dtype.
+Every function takes activations [..., K] (the public ops hand over [M, K] rows, or
+under impl=None's fallback x in the caller's shape: `jaxnorm.callers_rows`) and tuples of
+kernels/biases, and returns a tuple of outputs in x.dtype.
 Statistics are float32. The products are the ones stock Flax writes (operands
 and result in x's dtype, float32 accumulation inside the GEMM, a bias added in
 that dtype), so falling back to this path costs what the stock layers cost; a
@@ -49,14 +50,14 @@ def matmul_f32(a: Array, w: Array) -> Array:
 
 def rms_normalized_f32(x: Array, scale: Array | None, eps: float, scale_offset: float) -> Array:
     x32 = x.astype(jnp.float32)
-    return x32 * statistics.rms_inverse(x32, eps)[:, None] * _gain(scale, scale_offset)
+    return x32 * statistics.rms_inverse(x32, eps)[..., None] * _gain(scale, scale_offset)
 
 
 def layer_normalized_f32(
     x: Array, scale: Array | None, bias: Array | None, eps: float, scale_offset: float
 ) -> Array:
     centered, inv_std = statistics.centered_and_inverse_std(x.astype(jnp.float32), eps)
-    y = centered * inv_std[:, None] * _gain(scale, scale_offset)
+    y = centered * inv_std[..., None] * _gain(scale, scale_offset)
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
@@ -69,7 +70,8 @@ def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: floa
     automatic dispatch takes RMSNorm's backward kernel for x's rows
     (`dispatch.norm_backward_kernel`) its VJP is that kernel; everywhere else JAX
     differentiates this graph, as it does stock's."""
-    if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset):
+    rows = x.reshape(-1, x.shape[-1])  # the kernel's [M, K] view of x
+    if not dispatch.norm_backward_kernel(rows, scale, eps=eps, scale_offset=scale_offset):
         return _stock_rms_norm(x, scale, eps, scale_offset)
     return _rms_norm_kernel_vjp(float(eps), float(scale_offset), False, x, scale)
 
@@ -80,7 +82,8 @@ def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
     the backward kernel serves, x's two cotangents (through the norm, and through the x
     returned) meet inside it, dx + the stream's in one pass (docs/backward.md); elsewhere
     JAX adds them, as it does for stock's graph."""
-    if not dispatch.norm_backward_kernel(x, scale, eps=eps, scale_offset=scale_offset,
+    rows = x.reshape(-1, x.shape[-1])
+    if not dispatch.norm_backward_kernel(rows, scale, eps=eps, scale_offset=scale_offset,
                                          addend=True):
         return _stock_rms_norm(x, scale, eps, scale_offset), x
     return _rms_norm_kernel_vjp(float(eps), float(scale_offset), True, x, scale)
@@ -89,8 +92,8 @@ def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _rms_norm_kernel_vjp(eps: float, scale_offset: float, with_input: bool, x: Array,
                          scale: Array | None) -> Array | tuple[Array, Array]:
-    """The stock norm (and x itself, `with_input`) whose VJP is the backward kernel, given
-    x's cotangent through the returned x as its addend."""
+    """The stock norm (and x itself, `with_input`) of x [..., K] whose VJP is the backward
+    kernel on x's [M, K] rows, given x's cotangent through the returned x as its addend."""
     y = _stock_rms_norm(x, scale, eps, scale_offset)
     return (y, x) if with_input else y
 
@@ -103,9 +106,10 @@ def _rms_norm_kernel_vjp_fwd(eps, scale_offset, with_input, x, scale):
 def _rms_norm_kernel_vjp_bwd(eps, scale_offset, with_input, saved, cotangents):
     x, scale = saved
     dy, *addend = cotangents if with_input else (cotangents,)
-    return dispatch.call("rms_norm_backward", None, x, dy.astype(x.dtype), scale,
-                         *(a.astype(x.dtype) for a in addend), eps=eps,
-                         scale_offset=scale_offset)
+    rows = lambda a: a.astype(x.dtype).reshape(-1, x.shape[-1])
+    dx, d_scale = dispatch.call("rms_norm_backward", None, rows(x), rows(dy), scale,
+                                *map(rows, addend), eps=eps, scale_offset=scale_offset)
+    return dx.reshape(x.shape), d_scale
 
 
 _rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
@@ -161,7 +165,7 @@ def rms_norm_dense(
         normed, x_out = rms_normalized_and_input(x, scale, eps, scale_offset)
         return (*_dense_outputs(normed, kernels, biases), x_out)
     r = row_stats.rms_inverse(stats, eps)
-    normed = x.astype(jnp.float32) * r[:, None] * _gain(scale, scale_offset)
+    normed = x.astype(jnp.float32) * r[..., None] * _gain(scale, scale_offset)
     outs = _dense_outputs(normed.astype(x.dtype), kernels, biases)
     return (*outs, x) if return_input else outs
 
@@ -182,7 +186,7 @@ def layer_norm_dense(
         normed = layer_normalized_f32(x, scale, norm_bias, eps, scale_offset)
     else:
         s = row_stats.inverse_std(stats, eps)
-        normed = (x.astype(jnp.float32) - stats.mean[:, None]) * s[:, None]
+        normed = (x.astype(jnp.float32) - stats.mean[..., None]) * s[..., None]
         normed = normed * _gain(scale, scale_offset)
         normed = normed if norm_bias is None else normed + norm_bias.astype(jnp.float32)
     return _dense_outputs(normed.astype(x.dtype), kernels, biases)
@@ -241,7 +245,7 @@ def dense_rms_norm(
         return _post_norm_outputs(x, product.astype(jnp.float32), y, residual, residual_after,
                                   pre_norm_sum, output_stats)
     h = _pre_norm_sum(x, kernel, bias, residual)
-    y = h * statistics.rms_inverse(h, eps)[:, None] * _gain(scale, 0.0)
+    y = h * statistics.rms_inverse(h, eps)[..., None] * _gain(scale, 0.0)
     return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum, output_stats)
 
 
@@ -261,7 +265,7 @@ def dense_layer_norm(
 ) -> tuple[Array, ...]:
     h = _pre_norm_sum(x, kernel, bias, None if residual_after else residual)
     centered, inv_std = statistics.centered_and_inverse_std(h, eps)
-    y = centered * inv_std[:, None] * _gain(scale, 0.0)
+    y = centered * inv_std[..., None] * _gain(scale, 0.0)
     if norm_bias is not None:
         y = y + norm_bias.astype(jnp.float32)
     return _post_norm_outputs(x, h, y, residual, residual_after, pre_norm_sum, output_stats)

@@ -1,0 +1,68 @@
+"""A training step of jaxnorm's model, where automatic dispatch takes no kernel, lowers to
+stock's reductions shape for shape: the xla path computes on x in the caller's shape
+(jaxnorm/callers_rows.py), so XLA compiles what it compiles for stock Flax."""
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from bench import decode_plan, model_suite
+from jaxnorm import models
+
+_REDUCE = re.compile(r"stablehlo\.reduce\(.*?\) applies stablehlo\.(\w+) across dimensions = "
+                     r"\[([\d, ]+)\] : \((tensor<[^>]*>)")
+
+
+def training_step_reductions(shape: model_suite.ModelShape, *, fused: bool,
+                             planned_for_h200: bool) -> collections.Counter:
+    """(reducer, dimensions, operand type) of every reduction in the lowered training step
+    (loss, gradients, an AdamW update), from abstract parameters, but those over unit
+    dimensions only."""
+    cfg = shape.cfg.replace(fused=fused, impl=None)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: models.Transformer(cfg,
+                                                                          rngs=nnx.Rngs(0))))
+    optimizer = optax.adamw(1e-4)
+    batch, length = shape.train
+
+    def loss_fn(state, tokens):
+        logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), tokens[:, 1:]).mean()
+
+    def step(state, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(state, tokens)
+        updates, opt_state = optimizer.update(grads, opt_state, state)
+        return loss, optax.apply_updates(state, updates), opt_state
+
+    args = (state, jax.eval_shape(optimizer.init, state),
+            jax.ShapeDtypeStruct((batch, length + 1), jnp.int32))
+    mesh = (jax.sharding.use_abstract_mesh(decode_plan.H200) if planned_for_h200
+            else jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())))
+    with mesh:
+        text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return collections.Counter(r for r in _REDUCE.findall(text) if not _over_unit_dims(*r))
+
+
+def _over_unit_dims(reducer: str, dims: str, operand: str) -> bool:
+    """A reduction over dimensions of size 1 only: a reshape to XLA, which compiles none."""
+    sizes = [int(d) for d in re.findall(r"(\d+)x", operand)]
+    return all(sizes[int(d)] == 1 for d in dims.split(","))
+
+
+@pytest.mark.parametrize("name,planned", [("gemma3-1b", True), ("qwen3-0.6b", False),
+                                          ("llama3.2-1b", False)])
+def test_training_step_reduces_what_stock_reduces(name, planned):
+    """Gemma-3-1B as the H200 dispatches it (no kernel in its training step); the others
+    with every kernel declined (this host): the same reductions as stock, operand for
+    operand. On the H200 Qwen3 and Llama take RMSNorm's backward kernel, which replaces
+    stock's backward reductions by its own."""
+    shape = model_suite.SHAPES[name]
+    stock = training_step_reductions(shape, fused=False, planned_for_h200=planned)
+    jaxnorm = training_step_reductions(shape, fused=True, planned_for_h200=planned)
+    assert sum(stock.values()) > 40
+    assert jaxnorm == stock, (jaxnorm - stock, stock - jaxnorm)
