@@ -1,5 +1,8 @@
 """The public functional ops: validate, flatten leading dims to M, dispatch, restore shape.
 
+The xla path that impl=None falls back to gets x's leading dims too (`lead`) and computes
+on x in the caller's shape, as stock Flax does (`jaxnorm.callers_rows`).
+
 Shapes: x is [..., K]; kernels are [K, N]; vectors are [K] or [N]. Output dtype
 follows x; statistics and accumulation are float32. See docs/design.md section 2.
 Every op runs through `jaxnorm.autodiff`, whose custom VJP calls the dispatched
