@@ -34,8 +34,9 @@ repaid by forming it again for the weight gradient (docs/backward.md). An
 explicit impl, and the row-parallel `axis_name`, keep the lean backward below.
 
 Arrays here are 2-D ([M, K]); `jaxnorm.ops` validates and flattens first, and passes
-x's leading dims (`lead`) for the xla path that impl=None falls back to, which computes on
-x in the caller's shape (`jaxnorm.callers_rows`).
+x's leading dims (`lead`) for impl=None's xla path (its fallback, and the formulation a
+training step differentiates where it chose a kernel), which computes on x in the caller's
+shape (`jaxnorm.callers_rows`).
 """
 
 from __future__ import annotations
