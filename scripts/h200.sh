@@ -24,6 +24,8 @@
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
 #   LAUNCH_ARGS="--launches 1,8,32" bash scripts/h200.sh launch-cost  # wall us per launch, by kind
 #   MODEL=gemma3-1b PHASE="train prefill" bash scripts/h200.sh timeline  # idle GPU time, by kernel
+#   MODEL=gemma3-1b bash scripts/h200.sh gain-reduction train-processes  # the training cell over
+#     three processes, and the emitter XLA gave its norm-gain gradients
 #   bash scripts/h200.sh head-data   # the tied head's GEMMs on stock's and norm-free data
 #   FUSED_ARGS="--kind lazy --n 1024,256,256" bash scripts/h200.sh fused-configs  # q/k/v configs
 #   SHAPES=$(python -m bench.gemm_sweep --unmeasured) SWEEP_PRIOR="..." bash scripts/h200.sh gemm-screen
@@ -148,6 +150,17 @@ for name in "$@"; do
         stage "timeline_${MODEL:-gemma3-1b}_$phase" "${TIMELINE_LIMIT:-150}" python3 \
           bench/gpu/timeline_probe.py --model "${MODEL:-gemma3-1b}" --phase "$phase" \
           --variants "${VARIANTS:-stock,jaxnorm}" --out "$WORK/timeline"
+      done ;;
+    gain-reduction)  # MODEL=gemma3-1b: the norm-gain gradients' emitter, then the step timed
+      stage "gain_reduction_${MODEL:-gemma3-1b}" "${GAIN_LIMIT:-200}" python3 \
+        bench/gpu/gain_reduction_probe.py --model "${MODEL:-gemma3-1b}" ${ROUNDS:+--rounds "$ROUNDS"} \
+        --out "$WORK/gain-reduction" ;;
+    train-processes)  # MODEL=gemma3-1b PROCESSES=3: one training cell, a probe per process
+      # (XLA autotunes each compile: docs/backward.md, "What moves a training step ...")
+      for i in $(seq "${PROCESSES:-3}"); do
+        stage "train_${MODEL:-gemma3-1b}_process_$i" "${PROBE_LIMIT:-150}" python3 \
+          bench/gpu/variant_probe.py --model "${MODEL:-gemma3-1b}" --phase train --rounds 2 \
+          --variants "${VARIANTS:-stock,jaxnorm,norm-free}" --out "$WORK/train-process-$i"
       done ;;
     doctor) stage doctor 60 python3 -m jaxnorm.doctor ;;
     hf-parity) stage hf_parity 90 env OUT="$WORK" python3 bench/gpu/hf_parity.py ;;
