@@ -221,13 +221,10 @@ def prefill_case(model: nnx.Module, shape: ModelShape, copies: int):
     return fn, arg_sets
 
 
-def train_case(model: nnx.Module, shape: ModelShape, copies: int):
-    """(fn, arg_sets): loss, gradients and an AdamW update of every parameter."""
+def train_step(graphdef: nnx.GraphDef, optimizer: Any) -> Callable:
+    """(state, opt_state, tokens [B, T + 1]) -> (loss, state, opt_state): next-token loss,
+    gradients and one `optimizer` update of every parameter."""
     import optax
-
-    graphdef, state = nnx.split(model)
-    optimizer = optax.adamw(1e-4)
-    batch, length = shape.train
 
     def loss_fn(state, tokens):
         logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
@@ -239,6 +236,17 @@ def train_case(model: nnx.Module, shape: ModelShape, copies: int):
         updates, opt_state = optimizer.update(grads, opt_state, state)
         return loss, optax.apply_updates(state, updates), opt_state
 
+    return fn
+
+
+def train_case(model: nnx.Module, shape: ModelShape, copies: int):
+    """(fn, arg_sets): loss, gradients and an AdamW update of every parameter."""
+    import optax
+
+    graphdef, state = nnx.split(model)
+    optimizer = optax.adamw(1e-4)
+    batch, length = shape.train
+    fn = train_step(graphdef, optimizer)
     arg_sets = []
     for i in range(copies):
         s = _copy(state)

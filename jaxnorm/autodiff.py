@@ -92,10 +92,8 @@ def _stock_fwd(op: str, x: Array, *args: Any, lead: callers_rows.Lead,
                **kwargs: Any) -> tuple[Any, Any]:
     """The xla formulation's output and its JAX VJP (a pytree the backward calls), on x in
     the caller's shape, `lead`."""
-    def xla_op(x: Array, *rest: Any) -> Any:
-        outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *rest, **kwargs)
-        return callers_rows.flat_outputs(outs, lead)
-    return jax.vjp(xla_op, x, *args)
+    return jax.vjp(functools.partial(dispatch.call_xla_in_callers_rows, op, lead, **kwargs),
+                   x, *args)
 
 
 def _cast_like(grads: tuple, dtypes: tuple) -> tuple:
@@ -232,9 +230,8 @@ def norm(kind: str, x: Array, scale: Array | None, bias: Array | None, *, eps: f
         op, args = f"{kind}_norm", (x, *_norm_params(kind, scale, bias))
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            y = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:], eps=eps,
-                              scale_offset=scale_offset)
-            return callers_rows.flat(y, lead)
+            return dispatch.call_xla_in_callers_rows(op, lead, *args, eps=eps,
+                                                     scale_offset=scale_offset)
         impl = chosen
     else:
         automatic = False
@@ -329,9 +326,8 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
         args = (x, *_norm_params(kind, scale, norm_bias), kernels, biases)
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:], eps=eps,
-                                 scale_offset=scale_offset)
-            return tuple(callers_rows.flat(y, lead) for y in outs)
+            return dispatch.call_xla_in_callers_rows(op, lead, *args, eps=eps,
+                                                     scale_offset=scale_offset)
         s = _static(kind, eps, scale_offset, chosen, None, x, scale, norm_bias, kernels, biases,
                     automatic=automatic, lead=lead)
         return _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))

@@ -218,6 +218,14 @@ def call(op: str, impl: str | None, *args: Any, **kwargs: Any) -> Any:
     return _mosaic(op)(*args, interpret=impl == "interpret", **kwargs)
 
 
+def call_xla_in_callers_rows(op: str, lead: tuple[int, ...] | None, x: Any, *args: Any,
+                             **kwargs: Any) -> Any:
+    """The xla implementation of `op` on x [M, K] reshaped to the caller's leading dims
+    `lead` (`jaxnorm.callers_rows`), its outputs as rows again."""
+    outs = call(op, "xla", callers_rows.shaped(x, lead), *args, **kwargs)
+    return callers_rows.flat_outputs(outs, lead)
+
+
 def call_with_xla_backward(op: str, impl: str, *args: Any, return_input: bool = False,
                            **kwargs: Any) -> Any:
     """`call(op, impl, ...)` differentiated as the xla implementation: JAX's VJP of it, which
@@ -256,13 +264,9 @@ def _xla_vjp(op: str, kwargs: tuple, return_input: bool, automatic: bool, args: 
     traced later, in the backward, needs it restored)."""
     extra = {"return_input": True} if return_input else {}
 
-    def xla_op(a: tuple) -> Any:
-        x, *rest = a
-        outs = call(op, "xla", callers_rows.shaped(x, lead), *rest, **dict(kwargs), **extra)
-        return callers_rows.flat_outputs(outs, lead)
-
     with automatic_scope(automatic):
-        return jax.vjp(xla_op, args)
+        return jax.vjp(lambda a: call_xla_in_callers_rows(op, lead, *a, **dict(kwargs), **extra),
+                       args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))

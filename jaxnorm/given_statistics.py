@@ -45,9 +45,7 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
     if impl is None and chosen == "xla":
         # Falling back runs stock's graph: the norm reduces x itself, so the statistics go
         # unused and XLA drops their producer's reduction (fewer kernels than applying them).
-        outs = dispatch.call(op, "xla", callers_rows.shaped(x, lead), *args[1:-1], **kwargs,
-                             **extra)
-        return tuple(callers_rows.flat(y, lead) for y in outs)
+        return dispatch.call_xla_in_callers_rows(op, lead, *args[:-1], **kwargs, **extra)
     if chosen == "xla":
         return dispatch.call(op, "xla", *args, **kwargs, **extra)  # given-statistics formulation
     if impl is None:  # x's own statistics: the gradient of stock's graph, none for them

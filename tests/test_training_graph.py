@@ -28,17 +28,7 @@ def training_step_reductions(shape: model_suite.ModelShape, *, fused: bool,
                                                                           rngs=nnx.Rngs(0))))
     optimizer = optax.adamw(1e-4)
     batch, length = shape.train
-
-    def loss_fn(state, tokens):
-        logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits.astype(jnp.float32), tokens[:, 1:]).mean()
-
-    def step(state, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(state, tokens)
-        updates, opt_state = optimizer.update(grads, opt_state, state)
-        return loss, optax.apply_updates(state, updates), opt_state
-
+    step = model_suite.train_step(graphdef, optimizer)
     args = (state, jax.eval_shape(optimizer.init, state),
             jax.ShapeDtypeStruct((batch, length + 1), jnp.int32))
     mesh = (jax.sharding.use_abstract_mesh(decode_plan.H200) if planned_for_h200

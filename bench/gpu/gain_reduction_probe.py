@@ -120,27 +120,17 @@ def training_step(shape: model_suite.ModelShape, rounds: int, repeats: int) -> d
     rounds of wall samples in turn and CUPTI per variant."""
     models = model_suite.build_variants(shape)
     case = lambda m: model_suite.train_case(m, shape, 1)
-    model_of = {"stock": models["stock"], "jaxnorm": models["jaxnorm"], VIEW: models["jaxnorm"]}
-    fns = {"stock": case(models["stock"])[0], "jaxnorm": case(models["jaxnorm"])[0],
-           VIEW: variant_probe.traced_with(case(models["jaxnorm"])[0], gain_view)}
+    variants = {"stock": (models["stock"], case(models["stock"])[0]),
+                "jaxnorm": (models["jaxnorm"], case(models["jaxnorm"])[0]),
+                VIEW: (models["jaxnorm"],
+                       variant_probe.traced_with(case(models["jaxnorm"])[0], gain_view))}
     emitters = {}
-    for label, fn in fns.items():
-        found = gain_reductions(timing.measured_hlo(fn, case(model_of[label])[1]),
-                                shape.cfg.d_model)
+    for label, (model, fn) in variants.items():
+        found = gain_reductions(timing.measured_hlo(fn, case(model)[1]), shape.cfg.d_model)
         emitters[label] = {"gain_reductions": len(found),
                            "triton": sum(e == "triton" for e in found.values())}
-    labels, rows = list(fns), []
-    for r in range(rounds):
-        order = model_suite.measurement_order(labels, r)
-        arg_sets = {label: case(model_of[label])[1] for label in order}
-        walls = timing.interleaved_wall({label: (fns[label], arg_sets[label]) for label in order},
-                                        repeats=repeats)
-        for label in order:
-            t = timing.measure(fns[label], arg_sets[label], repeats=repeats, wall=walls[label])
-            rows.append({"round": r + 1, "variant": label, "kernel_us": t.kernel_us,
-                         "best_us": t.best_us, "wall_samples_us": t.wall_samples_us,
-                         "kernels": len(t.kernels)})
-        del arg_sets
+    labels = list(variants)
+    rows = variant_probe.measure_rounds(variants, case, labels, rounds=rounds, repeats=repeats)
     return {"model": shape.name, "emitters": emitters, "rows": rows,
             "summary": variant_probe.summarize_rows(rows, labels, rounds)}
 

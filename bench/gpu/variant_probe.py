@@ -190,35 +190,48 @@ def main(argv: list[str] | None = None) -> None:
     case = lambda m: (model_suite.train_case if args.phase == "train"
                       else model_suite.prefill_case)(m, shape, 1)
     variants = probe_variants(shape, case, labels)
-    rows = []
-    for r in range(args.rounds):
-        order = model_suite.measurement_order(labels, r)
-        arg_sets = {label: case(variants[label][0])[1] for label in order}
-        walls = timing.interleaved_wall({label: (variants[label][1], arg_sets[label])
-                                         for label in order}, repeats=args.repeats)
-        for label in order:
-            fn = variants[label][1]
-            t = timing.measure(fn, arg_sets[label], repeats=args.repeats, wall=walls[label])
-            row = {"round": r + 1, "variant": label, "wall_us": round(t.wall_us),
-                   "wall_samples_us": [round(w) for w in t.wall_samples_us],
-                   "kernel_us": t.kernel_us and round(t.kernel_us),
-                   "kernel_samples_us": [round(k) for k in t.kernel_samples_us],
-                   "best_us": round(t.best_us), "kernels": len(t.kernels),
-                   "first_call_s": round(t.first_call_s, 1)}
-            if r == 0 and args.detail:
-                name = f"{shape.name}-{args.phase}-{label.replace(' ', '_')}"
-                model_suite.write_detail(out / name, fn, arg_sets[label], list(t.kernels),
-                                         len(t.kernels))
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if not k.endswith("samples_us")}),
-                  flush=True)
-        del arg_sets
+    detail = out / f"{shape.name}-{args.phase}" if args.detail else None
+    rows = measure_rounds(variants, case, labels, rounds=args.rounds, repeats=args.repeats,
+                          detail=detail)
     summary = summarize_rows(rows, labels, args.rounds)
     for label in labels:
         print(label, summary[label], flush=True)
     (out / f"probe-{shape.name}-{args.phase}.json").write_text(json.dumps(
         {"model": shape.name, "phase": args.phase, "shape": getattr(shape, args.phase),
          "rows": rows, "summary": summary}, indent=1))
+
+
+def measure_rounds(variants: dict[str, tuple[nnx.Module, Callable]], case: Callable,
+                   labels: list[str], *, rounds: int, repeats: int,
+                   detail: Path | None = None) -> list[dict]:
+    """A row per round and variant (label -> (model, the function timed); `case(model)[1]`
+    its inputs): order rotated each round, every variant's wall samples taken in turn, then
+    CUPTI per variant. `detail`: round 1 writes each variant's kernels and HLO at
+    "<detail>-<label>"."""
+    rows = []
+    for r in range(rounds):
+        order = model_suite.measurement_order(labels, r)
+        arg_sets = {label: case(variants[label][0])[1] for label in order}
+        walls = timing.interleaved_wall({label: (variants[label][1], arg_sets[label])
+                                         for label in order}, repeats=repeats)
+        for label in order:
+            fn = variants[label][1]
+            t = timing.measure(fn, arg_sets[label], repeats=repeats, wall=walls[label])
+            row = {"round": r + 1, "variant": label, "wall_us": round(t.wall_us),
+                   "wall_samples_us": [round(w) for w in t.wall_samples_us],
+                   "kernel_us": t.kernel_us and round(t.kernel_us),
+                   "kernel_samples_us": [round(k) for k in t.kernel_samples_us],
+                   "best_us": round(t.best_us), "kernels": len(t.kernels),
+                   "first_call_s": round(t.first_call_s, 1)}
+            if r == 0 and detail is not None:
+                name = f"{detail.name}-{label.replace(' ', '_')}"
+                model_suite.write_detail(detail.parent / name, fn, arg_sets[label],
+                                         list(t.kernels), len(t.kernels))
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if not k.endswith("samples_us")}),
+                  flush=True)
+        del arg_sets
+    return rows
 
 
 def summarize_rows(rows: list[dict], labels: list[str], rounds: int) -> dict[str, dict]:
