@@ -66,7 +66,7 @@ class _Static(NamedTuple):
     automatic: bool = False  # impl=None resolved to a kernel: differentiate the xla formulation
     residual_after: bool = False  # post-norm: r + Norm(x @ W + b), not Norm(x @ W + b + r)
     output_stats: bool = False  # residual-after post-norm: also the output rows' (mean, M2)
-    lead: callers_rows.Lead = None  # automatic: the caller's leading dims of x (xla formulation)
+    lead: callers_rows.Lead = None  # the caller's leading dims of x (impl=None's xla formulation)
 
 
 def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
@@ -74,7 +74,7 @@ def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_n
             output_stats: bool = False, lead: callers_rows.Lead = None) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
     return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after,
-                   output_stats, lead if automatic else None)
+                   output_stats, lead)
 
 
 def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -492,7 +492,6 @@ def dense_norm(kind: str, x: Array, kernel: Array, bias: Array | None, scale: Ar
                 automatic=automatic, residual_after=residual_after, output_stats=output_stats,
                 lead=lead)
     if impl is None and chosen == "xla":
-        s = s._replace(lead=lead)
         if output_stats:  # those of the stored y, as residual_dense's: no float32 y is kept
             y = _dense_norm_stock(s._replace(output_stats=False), callers_rows.shaped(x, lead),
                                   kernel, bias, scale, norm_bias,
