@@ -1,11 +1,15 @@
 """Timing one call on the GPU: CUPTI kernel time and wall time, inputs rotated.
 
 Weights must stream from HBM as they do in a model, so each measurement
-cycles through several copies of its inputs whose total exceeds the L2 cache
-(the H200's is 60 MB); the copy count is capped because the largest cases are
-gigabytes each. A single set that alone exceeds that (a whole model's weights and
-cache) is timed as one copy: then the wall samples and CUPTI time one program, and
-it compiles once. Medians over repeats, after warm-up.
+cycles through copies of its inputs that together are at least three times the L2
+cache (`rotation_copies`; the H200's L2 is 60 MB): a decode launch's few megabytes of
+weights take dozens of copies. (Before 2026-12-05 the count was capped at 4, so sets
+under 45 MB, most decode launches of the 1B-class presets, were timed with their
+weights partly or wholly in L2.) A single set that alone exceeds that (a whole
+model's weights and cache) is timed as one copy: then the wall samples and CUPTI time
+one program, and it compiles once. Copies are one jitted function called on each
+set, so however many there are, fn is traced and its kernels lowered once. Medians
+over repeats, after warm-up.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any
 import jax
 
 L2_BYTES = 60 * 2**20
-MAX_COPIES = 4
+# 3x L2 for sets of 1.5 MB and up (the presets' smallest decode launch, Gemma-3-1B's
+# o-projection, is 2.4 MB of weights).
+MAX_COPIES = 128
 # CUPTI's measure keeps every iteration's outputs alive until it returns; the
 # largest cases write gigabytes per call, so fewer iterations for them.
 CUPTI_OUTPUT_BUDGET = 16 * 2**30
@@ -32,7 +38,11 @@ Args = tuple[jax.Array, ...]
 def rotation_copies(
     set_bytes: int, *, l2_bytes: int = L2_BYTES, max_copies: int = MAX_COPIES
 ) -> int:
-    """Copies so that all of them together are >= 3x L2, at least 2, at most `max_copies`."""
+    """Copies so that all of them together are >= 3x L2 (at least 2, at most `max_copies`):
+    a set reused before 3x L2 of other data has streamed would be read partly from L2.
+    One where JAX's backend is not a GPU (CPU runs exercise the code, they time nothing)."""
+    if jax.default_backend() != "gpu":
+        return 1
     return max(2, min(max_copies, math.ceil(3 * l2_bytes / max(set_bytes, 1))))
 
 
@@ -72,8 +82,10 @@ def _wall_samples(fn: Callable[..., Any], arg_sets: Sequence[Args], repeats: int
 
 @functools.lru_cache(maxsize=64)
 def _run_all(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """One jitted call of fn over every copy; cached so repeated measures of fn compile once."""
-    return jax.jit(lambda sets: [fn(*args) for args in sets])
+    """One jitted call of fn over every copy; cached so repeated measures of fn compile once.
+    Each copy calls the same jitted fn, which JAX traces and lowers once for all of them."""
+    jitted = _jitted(fn)
+    return jax.jit(lambda sets: [jitted(*args) for args in sets])
 
 
 def measured_hlo(fn: Callable[..., Any], arg_sets: Sequence[Args]) -> str:

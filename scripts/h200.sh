@@ -21,6 +21,9 @@
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
+#   DECODE_ARGS="--launches presets --rows 1,8 --configs 3" LAUNCHES_LIMIT=300 \
+#     bash scripts/h200.sh decode-launches  # timed cold (copies >= 3x L2, bench/timing.py):
+#     the table's launches under 15 MB were timed inside L2 before 2026-12-05
 #   SHAPES=4096x1024x6144,8192x1024x4096 bash scripts/h200.sh gemm-pingpong  # pingpong vs table
 #   LAUNCH_ARGS="--launches 1,8,32" bash scripts/h200.sh launch-cost  # wall us per launch, by kind
 #   MODEL=gemma3-1b PHASE="train prefill" bash scripts/h200.sh timeline  # idle GPU time, by kernel
