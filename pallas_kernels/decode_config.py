@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.experimental.pallas as pl
@@ -36,16 +36,25 @@ SM_PORT_BYTES_PER_S = 40e9
 SM_TENSOR_FLOPS = 0.6 * 990e12 / hardware.H200_SMS
 # Kernel time of the XLA fusion that sums split-K partials (a small kernel's floor).
 REDUCE_LAUNCH_S = 2e-6
+# One in-cluster exchange of split-K partials (`reduction="cluster"`): two cluster barriers
+# and rank 0's reads of its peers' [64, tile_n] float32 tiles through DSMEM.
+CLUSTER_EXCHANGE_S = 1e-6
+
+# Who sums split-K partials: one XLA fusion after the kernel ("xla"), or the kernel itself,
+# the splits of a tile being one thread-block cluster ("cluster").
+Reduction = Literal["xla", "cluster"]
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Tiles and schedule: each MMA warpgroup owns a [64, tile_n] float32 accumulator.
 
-    A work unit is (weight, N tile of warpgroups * tile_n columns, K split); the
-    `split_k` splits of a tile write float32 partials that XLA sums (split_k = 1:
-    the epilogue runs in the kernel). `stages` pipeline slots of [64, tile_k] x
-    and [tile_k, warpgroups * tile_n] weight tiles.
+    A work unit is (weight, N tile of warpgroups * tile_n columns, K split). With
+    `split_k` = 1 the epilogue runs in the kernel; with `split_k` = S > 1 the S splits
+    of a tile write float32 partials that one XLA fusion sums (`reduction="xla"`), or
+    they are one cluster of S CTAs whose rank 0 sums them and runs the epilogue
+    (`reduction="cluster"`, S <= 8: no second kernel). `stages` pipeline slots of
+    [64, tile_k] x and [tile_k, warpgroups * tile_n] weight tiles.
     """
 
     tile_n: int = 128
@@ -53,15 +62,32 @@ class DecodeConfig:
     split_k: int = 1
     stages: int = 8
     warpgroups: int = 1
+    reduction: Reduction = "xla"
 
     @property
     def cta_tile_n(self) -> int:
         return self.tile_n * self.warpgroups
 
+    @property
+    def cluster_splits(self) -> bool:
+        """The K splits of a tile are one cluster that reduces in the kernel."""
+        return self.split_k > 1 and self.reduction == "cluster"
 
-def epi_tile_n(split_k: int, itemsize: int) -> int:
+    @property
+    def partials_out(self) -> bool:
+        """The kernel writes float32 split-K partials for XLA to sum."""
+        return self.split_k > 1 and self.reduction == "xla"
+
+
+def epi_tile_n(config: DecodeConfig, itemsize: int) -> int:
     """Columns of one output staging piece: float32 partials or x.dtype outputs."""
-    return EPI_N[4] if split_k > 1 else EPI_N[itemsize]
+    return EPI_N[4] if config.partials_out else EPI_N[itemsize]
+
+
+def cluster_partial_bytes(config: DecodeConfig) -> int:
+    """Shared memory of a cluster rank's split-K partial, one [64, tile_n] float32 tile per MMA
+    warpgroup, that rank 0 reads through DSMEM (`reduction="cluster"`); else 0."""
+    return config.warpgroups * MAX_ROWS * config.tile_n * 4 if config.cluster_splits else 0
 
 
 def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:
@@ -69,10 +95,10 @@ def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int
     warpgroup), the row scale, the double-buffered bias tiles, barriers, and `extra` bytes
     of an epilogue's own (`decode_kernel.Plan.constants`)."""
     stage = (MAX_ROWS + streams * config.cta_tile_n) * config.tile_k * itemsize
-    out_itemsize = 4 if config.split_k > 1 else itemsize
-    out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config.split_k, itemsize) * out_itemsize
+    out_itemsize = 4 if config.partials_out else itemsize
+    out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config, itemsize) * out_itemsize
     vectors = 4 * (MAX_ROWS + 2 * streams * config.cta_tile_n)
-    return stage * config.stages + out + vectors + 512 + extra
+    return stage * config.stages + out + vectors + 512 + cluster_partial_bytes(config) + extra
 
 
 def check_shapes(
@@ -104,6 +130,13 @@ def check_shapes(
         )
     if config.stages < 2:
         raise Unsupported(f"stages={config.stages} must be >= 2")
+    if config.reduction not in ("xla", "cluster"):
+        raise ValueError(f"reduction must be 'xla' or 'cluster'; got {config.reduction!r}")
+    if config.cluster_splits and config.split_k > hardware.MAX_CLUSTER:
+        raise Unsupported(f"split_k={config.split_k} must be <= {hardware.MAX_CLUSTER} (the "
+                          "portable cluster size) to reduce in the cluster")
+    if config.cluster_splits and streams != 1:
+        raise Unsupported("reduction='cluster' takes one weight stream per output")
     if smem_bytes(config, x.dtype.itemsize, streams, extra) > hardware.SMEM_BYTES_PER_CTA:
         raise Unsupported(f"{config} needs more shared memory than a CTA has")
 
@@ -144,7 +177,10 @@ def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *,
     rate_cap = min(SM_PORT_BYTES_PER_S, config.stages * step_bytes / LOAD_LATENCY_S,
                    step_bytes / mma_seconds)
     seconds = _busy_seconds(works, rate_cap)
-    if config.split_k > 1:
+    if config.cluster_splits:
+        clusters = min(hardware.resident_clusters(config.split_k, sms), n_units // config.split_k)
+        seconds += -(-n_units // (config.split_k * clusters)) * CLUSTER_EXCHANGE_S
+    elif config.split_k > 1:
         partials = config.split_k * m * sum(ns) * 4
         seconds += (2 * partials + m * sum(ns) * itemsize) / HBM_BYTES_PER_S + REDUCE_LAUNCH_S
     return seconds

@@ -21,6 +21,12 @@ has `streams` weights multiplied by the same x tile: 1 for a plain product,
                        rows past M: TMA zero-fill) and each stream's
                        [tile_k, W * tile_n] weight tile into the next of `stages` slots.
 
+With `reduction="cluster"` the S splits of a tile are the S CTAs of one cluster:
+the grid's clusters walk the N tiles, rank s streams K split s, ranks 1..S-1 leave
+their float32 accumulators in shared memory, and rank 0 adds them (read through
+DSMEM; under the interpreter, which has no DSMEM, through a global scratch) and runs
+the epilogue, so the sum needs no second kernel (`_cluster_sum`).
+
 A step counter runs across a CTA's units, so the pipeline never drains between
 them. The row statistic in-kernel (S = 1 only, where a unit sees all of K): the
 x tile is read from shared memory in the WGMMA layout, the one Mosaic loads a
@@ -41,9 +47,15 @@ import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import gpu
 
+from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
                                           units)
+from pallas_kernels.errors import Unsupported
 from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, for_weight, grid_ctas,
                                         release_done_slot, release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
@@ -125,9 +137,10 @@ class Plan:
         return 2 if self.head_halves else 1
 
 
-def _kernel(*refs, config: DecodeConfig, plan: Plan):
+def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     refs = list(refs)
     split, streams, n_tiles = config.split_k, plan.streams, list(plan.n_tiles)
+    cluster = config.cluster_splits
     num_outputs = len(n_tiles)
     x_gmem = refs.pop(0)
     w_gmems = [refs.pop(0) for _ in range(num_outputs * streams)]
@@ -135,6 +148,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     const_gmems = [refs.pop(0) for _ in plan.constants]
     bias_gmems = [refs.pop(0) for _ in range(num_outputs * streams)] if plan.has_bias else None
     out_gmems = [refs.pop(0) for _ in range(num_outputs)]
+    partials_gmem = refs.pop(0) if cluster and via_global else None
     assert not refs, refs
 
     dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
@@ -142,15 +156,20 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
     k_iters = k // config.tile_k
     tile_n, tile_k, cta_n = config.tile_n, config.tile_k, config.cta_tile_n
     stages, num_mma, x_box = config.stages, config.warpgroups, plan.x_box
-    epi_n = epi_tile_n(split, jnp.dtype(dtype).itemsize)
+    epi_n = epi_tile_n(config, jnp.dtype(dtype).itemsize)
     weights_n = [w.shape[1] // plan.columns_per_tile_column for w in w_gmems[::streams]]
-    n_units = units(config, weights_n)
+    # The persistent loop's work items: (tile, split) units, or tiles when a cluster's
+    # ranks take a tile's splits together.
+    n_units = sum(n_tiles) if cluster else units(config, weights_n)
     n_starts = [sum(n_tiles[:i]) for i in range(num_outputs)]
     in_kernel = plan.row_scale == "in_kernel"
 
     def unit_coords(u):
         """(global N tile, split, first K step, K steps) of unit u."""
-        tile, s = lax.div(u, split), lax.rem(u, split)
+        if cluster:
+            tile, s = u, lax.axis_index("split")
+        else:
+            tile, s = lax.div(u, split), lax.rem(u, split)
         lo, hi = split_bounds(s, k_iters, split)
         return tile, s, lo, hi - lo
 
@@ -175,6 +194,14 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
         scratch.update({f"const{j}_smem": _constant_smem(shape)
                         for j, shape in enumerate(plan.constants)})
         scratch["const_ready"] = plgpu.Barrier(num_arrivals=len(plan.constants))
+    if cluster:
+        if not via_global:
+            scratch["partial_smem"] = plgpu.SMEM((num_mma, MAX_ROWS, tile_n), jnp.float32)
+        # Every rank's partials are published / rank 0 is done reading them.
+        scratch["partial_ready"] = plgpu.ClusterBarrier(collective_axes=("split",),
+                                                        num_arrivals=num_mma)
+        scratch["partial_free"] = plgpu.ClusterBarrier(collective_axes=("split",),
+                                                       num_arrivals=num_mma)
     if plan.has_bias:
         scratch["bias_smem"] = plgpu.SMEM((2, cta_n), jnp.float32)
         scratch.update({f"bias{j}_smem": plgpu.SMEM((2, cta_n), jnp.float32)
@@ -183,7 +210,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma, num_barriers=2)
 
     def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
-             vec_ready=None, vec_free=None, const_ready=None, **streamed):
+             vec_ready=None, vec_free=None, const_ready=None, partial_smem=None,
+             partial_ready=None, partial_free=None, **streamed):
         b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
         bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
                       if plan.has_bias else None)
@@ -254,6 +282,10 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
             # Registers per thread: at most 2 x 232 + 40 (memory) = 504 <= 512.
             plgpu.set_max_registers(232, action="increase")
             wg_n0 = wg_idx * tile_n
+            exchange = PartialExchange(
+                smem=partial_smem, gmem=partials_gmem, ready=partial_ready, free=partial_free,
+                wg=wg_idx, cluster=lax.axis_index("sm"), splits=split,
+                gpu_fences=not via_global) if cluster else None
             if row_gmem is not None:
                 plgpu.barrier_wait(row_ready)
             if plan.constants:
@@ -286,6 +318,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
 
                 acc_type = plgpu.ACC((MAX_ROWS, tile_n), jnp.float32)
                 accs, squares = pl.run_scoped(k_loop, *[acc_type] * streams)
+                if cluster:
+                    _publish_partial(accs[0], exchange, loop_info.local_index)
                 biases = None
                 if plan.has_bias:
                     plgpu.barrier_wait(vec_ready.at[parity])
@@ -293,7 +327,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
 
                 def store(src, c):
                     def copy(i, local_n):
-                        dst = out_gmems[i] if split == 1 else out_gmems[i].at[s]
+                        dst = out_gmems[i].at[s] if config.partials_out else out_gmems[i]
                         plgpu.copy_smem_to_gmem(src.at[pl.ds(0, x_box)],
                                                 dst.at[pl.ds(0, x_box),
                                                        pl.ds(local_n * cta_n + wg_n0 + c, epi_n)])
@@ -312,28 +346,138 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan):
                 elif in_kernel:
                     def scale_of():
                         return safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + plan.eps)
-                if plan.epilogue is not None:
-                    scale = None if scale_of is None else scale_of()
+                def finish_unit():
+                    nonlocal accs
+                    if cluster:
+                        accs = [_add_peer_partials(accs[0], exchange)]
+                    if plan.epilogue is not None:
+                        scale = None if scale_of is None else scale_of()
 
-                    def custom(i, local_n):
-                        plan.epilogue(Unit(accs, i, local_n, wg_idx, scale, const_smems,
-                                           out_smem.at[wg_idx], out_gmems[i], x_box))
+                        def custom(i, local_n):
+                            plan.epilogue(Unit(accs, i, local_n, wg_idx, scale, const_smems,
+                                               out_smem.at[wg_idx], out_gmems[i], x_box))
 
-                    owner(tile, custom)
-                else:
-                    _epilogue(accs, out_smem.at[wg_idx], store, cols_left, scale_of=scale_of,
-                              biases=biases, combine=plan.combine, epi_n=epi_n,
-                              out_dtype=out_dtype)
+                        owner(tile, custom)
+                    else:
+                        _epilogue(accs, out_smem.at[wg_idx], store, cols_left,
+                                  scale_of=scale_of, biases=biases, combine=plan.combine,
+                                  epi_n=epi_n, out_dtype=out_dtype)
+
+                # In a cluster only rank 0 holds the sum; the other ranks' part is done.
+                pl.when(s == 0)(finish_unit) if cluster else finish_unit()
                 if plan.has_bias:
                     # The fence orders the bias reads before the TMA that refills the buffer.
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(vec_free.at[parity])
                 return step0 + k_steps
 
+            if cluster:
+                # The last round's release: rank 0 is done reading this CTA's partial.
+                pl.when(lax.axis_index("split") > 0)(functools.partial(_wait_free, exchange))
+
         lax.cond(wg_idx == num_mma, memory_warpgroup, mma_warpgroup)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     pl.run_scoped(body, **scratch, collective_axes="wg")
+
+
+class PartialExchange(NamedTuple):
+    """One MMA warpgroup's split-K exchange in a cluster (`reduction="cluster"`): its
+    [64, tile_n] float32 partial in this CTA's `smem` ([warpgroups, 64, tile_n]; rank 0
+    reads it through DSMEM) or, under the interpreter, in the global scratch `gmem`
+    ([clusters, splits, warpgroups, 64, tile_n]); the `ready` and `free` cluster barriers;
+    the warpgroup, the cluster's index in the grid, the split count, and whether to emit
+    the GPU's memory fences."""
+
+    smem: Any
+    gmem: Any
+    ready: Any
+    free: Any
+    wg: Array
+    cluster: Array
+    splits: int
+    gpu_fences: bool
+
+
+def _cluster_fence(ex: PartialExchange) -> None:
+    """Order this thread's partial-tile accesses against its peers' at cluster scope: a
+    cluster barrier's remote arrive releases at CTA scope only (docs/mosaic-notes.md)."""
+    if ex.gpu_fences:
+        _fence_acq_rel_cluster()
+
+
+def _wait_free(ex: PartialExchange) -> None:
+    plgpu.barrier_wait(ex.free)
+    _cluster_fence(ex)
+
+
+def _publish_partial(acc: Array, ex: PartialExchange, round_index: Array) -> None:
+    """Every rank's part of one round of the exchange, before rank 0 reads: ranks 1..S-1 store
+    their partial once rank 0 has read the previous one (`free`), then every rank arrives on
+    and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
+    so none exits while a peer's arrival on it may still be on its way."""
+    rank = lax.axis_index("split")
+
+    @pl.when(rank > 0)
+    def _store():
+        pl.when(round_index > 0)(functools.partial(_wait_free, ex))
+        if ex.gmem is not None:
+            ex.gmem[ex.cluster, rank, ex.wg] = acc
+        else:
+            ex.smem[ex.wg] = acc
+        _cluster_fence(ex)
+
+    plgpu.barrier_arrive(ex.ready)
+    plgpu.barrier_wait(ex.ready)
+    _cluster_fence(ex)
+
+    @pl.when(rank > 0)
+    def _done():  # nothing more to read here: rank 0's arrival completes the phase
+        plgpu.barrier_arrive(ex.free)
+
+
+def _add_peer_partials(acc: Array, ex: PartialExchange) -> Array:
+    """Rank 0: its partial plus ranks 1..S-1's, then `free` for them to reuse their buffers."""
+    if ex.gmem is None:
+        total = _plus_dsmem_partials(acc, ex.smem.at[ex.wg], ex.splits)
+    else:
+        total = acc
+        for peer in range(1, ex.splits):
+            total = total + plgpu.load(ex.gmem.at[ex.cluster, peer, ex.wg],
+                                       layout=plgpu.Layout.WGMMA, optimized=False)
+    _cluster_fence(ex)
+    plgpu.barrier_arrive(ex.free)
+    _wait_free(ex)
+    return total
+
+
+def _plus_dsmem_partials(acc: Array, partial_smem, splits: int) -> Array:
+    """acc + the same [64, tile_n] SMEM tile of cluster ranks 1..splits-1, read through DSMEM.
+
+    Written against Mosaic GPU directly: `plgpu.cluster_ref` of a scratch buffer (which has
+    an offset in shared memory) does not lower under warpgroup semantics in jax 0.11.2 (the
+    peer ref's type loses the offset the load expects)."""
+    layout = plgpu.Layout.WGMMA
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), layout),
+                       return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=layout))
+    def emit(_ctx, ref, total):
+        for peer in range(1, splits):
+            peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
+                                                  mgpu_utils.c(peer, ir.IndexType.get()))
+            total = total + mgpu.FragmentedArray.load_untiled(
+                peer_ref, layout=mgpu.WGMMA_LAYOUT, optimized=False)
+        return total
+
+    return emit(partial_smem, acc)
+
+
+def _fence_acq_rel_cluster() -> None:
+    @plgpu.inline_mgpu()
+    def emit(_ctx):
+        mgpu_utils.inline_ptx("fence.acq_rel.cluster;", has_side_effects=True)
+
+    emit()
 
 
 def _constant_smem(shape: tuple[int, ...]) -> plgpu.SMEM:
@@ -390,19 +534,40 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
     """The launch: `weights` output-major (each output's `plan.streams` weights together)."""
     if plan.head_halves and (plan.streams != 2 or config.warpgroups != 1):
         raise ValueError("head_halves needs two streams and one MMA warpgroup")
+    if config.cluster_splits and (plan.row_scale == "in_kernel" or plan.head_halves):
+        raise ValueError("reduction='cluster' takes a given row scale and whole output tiles")
     n_units = units(config, [w.shape[1] // plan.columns_per_tile_column
                              for w in weights[::plan.streams]])
+    layout = dict(grid=(min(grid_ctas(interpret), n_units),), grid_names=("sm",))
+    out_types = list(out_types)
+    via_global = False
+    if config.cluster_splits:
+        # A cluster per tile at a time: as many as the GPU holds at once, at most one per tile.
+        splits, tiles = config.split_k, sum(plan.n_tiles)
+        if interpret and splits > hardware.INTERPRET_MAX_CLUSTER:
+            raise Unsupported(f"split_k={splits}: the interpreter runs clusters of at most "
+                              f"{hardware.INTERPRET_MAX_CLUSTER} CTAs")
+        clusters = min(tiles, hardware.INTERPRET_GRID_CTAS // splits if interpret
+                       else hardware.resident_clusters(splits, hardware.num_sms()))
+        layout = dict(grid=(clusters,), grid_names=("sm",), cluster=(splits,),
+                      cluster_names=("split",))
+        via_global = interpret  # the interpreter has no DSMEM (plgpu.cluster_ref)
+        if via_global:
+            out_types.append(jax.ShapeDtypeStruct(
+                (clusters, splits, config.warpgroups, MAX_ROWS, config.tile_n), jnp.float32))
     params = dict(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     if plan.row_scale == "in_kernel":
         # The row sum of squares stays inside each warp (WGMMA layout): no SMEM scratch.
         params["reduction_scratch_bytes"] = 0
-    return plgpu.kernel(
-        functools.partial(_kernel, config=config, plan=plan),
+    call = plgpu.kernel(
+        functools.partial(_kernel, config=config, plan=plan, via_global=via_global),
         out_type=tuple(out_types),
-        grid=(min(grid_ctas(interpret), n_units),),
-        grid_names=("sm",),
+        **layout,
         num_threads=config.warpgroups + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(**params),
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else None,
     )
+    if not via_global:
+        return call
+    return lambda *args: call(*args)[:-1]  # the interpreter's exchange scratch

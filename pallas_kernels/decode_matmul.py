@@ -6,7 +6,8 @@ weight: work units (weight, N tile, K split) over the concatenated N of q/k/v
 scale, bias, cast) in the kernel, and with no row scale given takes the row
 statistic there too, from the x tiles every unit streams anyway; split_k > 1
 writes float32 partials that one XLA fusion sums, scales and biases (M*N*S
-floats: small at decode). Knobs and selection: pallas_kernels/decode_config.py.
+floats: small at decode), or with `reduction="cluster"` sums them in the kernel
+(each tile's splits one cluster) and runs the same epilogue there. Knobs and selection: pallas_kernels/decode_config.py.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _build(x: Array, weights: Sequence[Array], *, config: DecodeConfig, has_bias
            eps: float = 0.0):
     """The launch for these weights: x.dtype outputs (split_k = 1) or float32 partials."""
     m = x.shape[0]
-    if config.split_k == 1:
+    if not config.partials_out:
         out_types = [jax.ShapeDtypeStruct((m, w.shape[1]), x.dtype) for w in weights]
         row_scale = "in_kernel" if in_kernel_stats else "given"
     else:
@@ -86,7 +87,7 @@ def lazy_rms_decode_matmul(
     # drops them on stores.
     build = functools.partial(_build, x, weights, config=config, interpret=interpret,
                               x_box=x_box_rows(m))
-    if config.split_k == 1:
+    if not config.partials_out:
         vectors = (([] if in_kernel else [row_scale.astype(jnp.float32)])
                    + (bias32 if has_bias else []))
         return build(has_bias=has_bias, in_kernel_stats=in_kernel, eps=eps)(x, *weights,

@@ -65,3 +65,21 @@ def test_configs_lower_for_fused_qkv(m, config):
 def test_row_statistic_in_the_kernel_lowers(m, config):
     """split_k = 1, no row scale given: the x tiles' squares summed in the MMA warpgroups."""
     _lower(m, 4096, (4096, 1024, 1024), config, row_scale_given=False)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dc.DecodeConfig(tile_n=64, split_k=8, stages=12, reduction="cluster"),
+     dc.DecodeConfig(tile_n=128, split_k=4, stages=7, reduction="cluster"),
+     dc.DecodeConfig(tile_n=64, split_k=2, stages=6, warpgroups=2, reduction="cluster")],
+    ids=str,
+)
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("launch", [(2048, (1024,)), (3072, (1024,)), (1024, (1152,)),
+                                    (8192, (2048,)), (2048, (2048, 512, 512))],
+                         ids=lambda s: f"{s[0]}x{'+'.join(map(str, s[1]))}")
+def test_cluster_reduction_lowers(m, launch, config):
+    """Split-K summed in the cluster (rank 0 reads its peers' partials through DSMEM, which
+    the interpreter cannot run) at the 1B-class presets' o, down and q/k/v launches."""
+    k, ns = launch
+    _lower(m, k, ns, config)

@@ -66,6 +66,38 @@ def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, rng):
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
 
 
+# (M, tile_n, warpgroups): the K splits of a tile reduced in a cluster of 2 CTAs (the
+# interpreter's widest; through global scratch there, DSMEM on the GPU). Two clusters walk
+# the tiles, so each exchanges several times and a buffer is reused only once read.
+CLUSTER_CASES = [(1, 64, 1), (7, 128, 1), (16, 64, 2), (64, 128, 1)]
+
+
+@pytest.mark.parametrize("m, tile_n, warpgroups", CLUSTER_CASES)
+def test_cluster_reduction_matches_reference(m, tile_n, warpgroups, rng):
+    inputs = _inputs(rng, m, 256, QKV)
+    config = dc.DecodeConfig(tile_n=tile_n, split_k=2, stages=3, warpgroups=warpgroups,
+                             reduction="cluster")
+    outs = dm.lazy_rms_decode_matmul(
+        inputs["x"], inputs["kernel"], row_scale=rms_row_scale(inputs["x"], inputs["eps"]),
+        biases=inputs["bias"], config=config, interpret=True)
+    assert_race_free()
+    assert all(y.dtype == BF16 and y.shape == (m, n) for y, n in zip(outs, QKV))
+    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+
+
+def test_cluster_reduction_is_one_kernel():
+    """The sum of the splits is in the kernel: no XLA reduction after it, unlike "xla"."""
+    x, w, r = jnp.ones((8, 256), BF16), jnp.ones((256, 128), BF16), jnp.ones((8,))
+
+    def reductions(reduction: str) -> int:
+        config = dc.DecodeConfig(tile_n=64, split_k=2, stages=3, reduction=reduction)
+        fn = lambda x, w, r: dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config,  # noqa: E731
+                                                        interpret=True)
+        return str(jax.make_jaxpr(fn)(x, w, r)).count("reduce_sum")
+
+    assert reductions("cluster") == 0 and reductions("xla") == 1
+
+
 # (M, split_k, tile_n, warpgroups): split_k = 1 takes the statistic from the x tiles in the
 # kernel; split_k = 2 from one XLA row reduction.
 STATISTIC_CASES = [(1, 1, 128, 1), (7, 1, 64, 2), (16, 2, 64, 1), (64, 1, 64, 1)]
@@ -224,6 +256,10 @@ def test_split_bounds_cover_k_once():
         (8, 128, 64, dc.DecodeConfig(split_k=3), "split_k=3 must be in"),
         (8, 128, 64, dc.DecodeConfig(tile_n=96), "tile_n=96"),
         (8, 128, 64, dc.DecodeConfig(stages=16, tile_n=256), "shared memory"),
+        (8, 1024, 64, dc.DecodeConfig(tile_n=64, split_k=16, stages=3, reduction="cluster"),
+         "portable cluster size"),
+        (8, 256, 64, dc.DecodeConfig(tile_n=64, split_k=4, stages=3, reduction="cluster"),
+         "interpreter runs clusters of at most 2"),
     ],
 )
 def test_unsupported_says_why(m, k, n, config, reason):

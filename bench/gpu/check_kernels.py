@@ -617,6 +617,70 @@ def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# The decode GEMM with its K splits summed in a cluster (reduction="cluster": rank 0 reads its
+# peers' partials through DSMEM on the GPU, through global scratch under the interpreter) at
+# the 1B-class presets' o, down and q/k/v launches: (M, K, (N_i...)), split, tile_n, warpgroups.
+DECODE_CLUSTER_CASES = [((1, 2048, (1024,)), 8, 64, 1), ((8, 3072, (1024,)), 8, 64, 1),
+                        ((8, 8192, (2048,)), 4, 128, 1), ((64, 2048, (2048, 512, 512)), 2, 64, 2),
+                        ((8, 1024, (1152,)), 6, 64, 1)]
+
+
+def decode_gemm_cluster_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct (verify's judge, biases on the first weight), NaN isolated (a NaN row of x
+    stays in its row) and repeatable (bitwise, 20 calls) for the in-cluster split-K sum."""
+    from pallas_kernels import decode_config as dc
+    from pallas_kernels import decode_matmul as dm
+
+    cases = []
+    for (m, k, ns), split, tile_n, warpgroups in DECODE_CLUSTER_CASES:
+        if SMOKE:
+            k, ns, split = 256, tuple(64 * (1 + i % 3) for i in range(len(ns))), 2
+        config = dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=split, warpgroups=warpgroups,
+                                            reduction="cluster"), 2)
+
+        def inputs(m=m, k=k, ns=ns, seed=0):
+            rng = np.random.default_rng(seed + m + k)
+            return dict(x=_draw(rng, (m, k), BF16, shift=0.3),
+                        kernel=[_draw(rng, (k, n), BF16, 1 / np.sqrt(k)) for n in ns],
+                        bias=[_draw(rng, (n,), F32) if i == 0 else None for i, n in enumerate(ns)],
+                        eps=1e-6)
+
+        def run(inp, config=config):
+            x = jnp.asarray(inp["x"])
+            return dm.lazy_rms_decode_matmul(
+                x, [jnp.asarray(w) for w in inp["kernel"]], eps=inp["eps"],
+                biases=[None if b is None else jnp.asarray(b) for b in inp["bias"]],
+                config=config, interpret=INTERPRET)
+
+        def correct(inputs=inputs, run=run):
+            inp = inputs(seed=1)
+            return f"err/tol {checks.check_outputs('rms_norm_dense', run(inp), **inp):.3f}"
+
+        def nan_isolated(inputs=inputs, run=run, m=m):
+            inp = inputs(seed=2)
+            inp["x"] = inp["x"].copy()
+            inp["x"][m // 2, 3] = np.nan
+            outs = [np.asarray(y.astype(F32)) for y in run(inp)]
+            rows = np.arange(m) != m // 2
+            if not all(np.isnan(y[m // 2]).all() and np.isfinite(y[rows]).all() for y in outs):
+                raise AssertionError("a NaN in one row of x reached another row")
+            return "NaN row stays NaN, others finite"
+
+        def repeatable(inputs=inputs, run=run):
+            inp = inputs(seed=3)
+            first = [np.asarray(y) for y in run(inp)]
+            for _ in range(19):
+                if not all(np.array_equal(a, np.asarray(b)) for a, b in zip(first, run(inp))):
+                    raise AssertionError("two calls on the same inputs differ")
+            return "20 calls bitwise equal"
+
+        label = (f"decode GEMM cluster sum {m}x{k}x({'+'.join(map(str, ns))}) "
+                 f"n{config.tile_n} s{config.split_k} wg{config.warpgroups}")
+        cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
+                  ("repeatable", label, repeatable)]
+    return cases
+
+
 # The decode attention-input kernel (pallas_kernels/decode_attention_input.py) at the
 # presets of bench/decode_attention_bench.py, the QK-norm ones and Llama-3-8B's without
 # (smoke: d_model 128, 2 q heads and 1 kv head of the preset's head_dim).
@@ -771,7 +835,8 @@ def main() -> int:
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
     cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
              + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases()
-             + decode_attention_input_cases() + norm_backward_cases())
+             + decode_gemm_cluster_cases() + decode_attention_input_cases()
+             + norm_backward_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")
         cases = [c for c in cases if any(w in f"{c[0]} {c[1]}" for w in wanted)]
