@@ -86,8 +86,11 @@ def epi_tile_n(config: DecodeConfig, itemsize: int) -> int:
 
 def cluster_partial_bytes(config: DecodeConfig) -> int:
     """Shared memory of a cluster rank's split-K partial, one [64, tile_n] float32 tile per MMA
-    warpgroup, that rank 0 reads through DSMEM (`reduction="cluster"`); else 0."""
-    return config.warpgroups * MAX_ROWS * config.tile_n * 4 if config.cluster_splits else 0
+    warpgroup, that rank 0 reads through DSMEM, and its two cluster barriers (1 KiB with
+    alignment) (`reduction="cluster"`); else 0."""
+    if not config.cluster_splits:
+        return 0
+    return config.warpgroups * MAX_ROWS * config.tile_n * 4 + 1024
 
 
 def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:

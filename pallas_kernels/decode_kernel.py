@@ -56,6 +56,7 @@ from pallas_kernels import hardware
 from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, epi_tile_n, split_bounds,
                                           units)
 from pallas_kernels.errors import Unsupported
+from pallas_kernels.gemm_epilogue import chan_combine, piece_stats
 from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, for_weight, grid_ctas,
                                         release_done_slot, release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
@@ -118,7 +119,10 @@ class Plan:
     = 1): called once per unit with its `Unit`. `head_halves` (two streams, one warpgroup):
     an output's one weight is passed as both streams, and stream s of N tile t reads its
     columns [(2t + s) tile_n, (2t + s + 1) tile_n): the halves of head t when tile_n is
-    head_dim / 2, with no re-layout of the weight."""
+    head_dim / 2, with no re-layout of the weight. `residual` (one output and stream, whole
+    tiles): h = y + r for an [M, N] input r added in float32 before the one rounding, and
+    per warpgroup tile the rows' (sum, M2) of h as stored into two [N / tile_n, x_box]
+    float32 outputs after h (`jaxnorm.row_stats.from_partials` combines them)."""
 
     n_tiles: tuple[int, ...]
     x_box: int
@@ -130,6 +134,12 @@ class Plan:
     constants: tuple[tuple[int, ...], ...] = ()
     epilogue: Callable[[Unit], None] | None = None
     head_halves: bool = False
+    residual: bool = False
+
+    @property
+    def per_unit_inputs(self) -> bool:
+        """Bias or residual tiles arrive per unit, double-buffered (`vec_ready`/`vec_free`)."""
+        return self.has_bias or self.residual
 
     @property
     def columns_per_tile_column(self) -> int:
@@ -147,7 +157,9 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     row_gmem = refs.pop(0) if plan.row_scale == "given" else None
     const_gmems = [refs.pop(0) for _ in plan.constants]
     bias_gmems = [refs.pop(0) for _ in range(num_outputs * streams)] if plan.has_bias else None
+    residual_gmem = refs.pop(0) if plan.residual else None
     out_gmems = [refs.pop(0) for _ in range(num_outputs)]
+    stats_gmems = [refs.pop(0), refs.pop(0)] if plan.residual else None
     partials_gmem = refs.pop(0) if cluster and via_global else None
     assert not refs, refs
 
@@ -206,12 +218,20 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
         scratch["bias_smem"] = plgpu.SMEM((2, cta_n), jnp.float32)
         scratch.update({f"bias{j}_smem": plgpu.SMEM((2, cta_n), jnp.float32)
                         for j in range(1, streams)})
-        scratch["vec_ready"] = plgpu.Barrier(num_arrivals=streams, num_barriers=2)
+    if plan.residual:
+        # Per unit and MMA warpgroup: its [x_box, tile_n] residual tile (staged like the
+        # output pieces), and its rows' (sum, M2) on their way to global memory.
+        scratch["res_smem"] = _swizzled((2, num_mma, MAX_ROWS, tile_n), dtype, epi_n)
+        scratch["stats_smem"] = plgpu.SMEM((num_mma, 2, MAX_ROWS), jnp.float32)
+    if plan.per_unit_inputs:
+        arrivals = streams * plan.has_bias + num_mma * plan.residual
+        scratch["vec_ready"] = plgpu.Barrier(num_arrivals=arrivals, num_barriers=2)
         scratch["vec_free"] = plgpu.Barrier(num_arrivals=num_mma, num_barriers=2)
 
     def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
              vec_ready=None, vec_free=None, const_ready=None, partial_smem=None,
-             partial_ready=None, partial_free=None, **streamed):
+             partial_ready=None, partial_free=None, res_smem=None, stats_smem=None,
+             **streamed):
         b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
         bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
                       if plan.has_bias else None)
@@ -232,7 +252,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
             def totals(loop_info, carry):
                 step0, _ = carry
                 tile, _, k_lo, k_steps = unit_coords(loop_info.index[0])
-                if plan.has_bias:
+                if plan.per_unit_inputs:
                     parity = lax.rem(loop_info.local_index, 2)
 
                     # The MMA warpgroups must be done with what this buffer held two units ago.
@@ -240,13 +260,20 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                     def _():
                         plgpu.barrier_wait(vec_free.at[parity])
 
-                    def load_bias(i, local_n):
-                        for j, bias_smem in enumerate(bias_smems):
-                            plgpu.copy_gmem_to_smem(
-                                bias_gmems[i * streams + j].at[pl.ds(local_n * cta_n, cta_n)],
-                                bias_smem.at[parity], vec_ready.at[parity])
+                def load_bias(i, local_n):
+                    for j, bias_smem in enumerate(bias_smems):
+                        plgpu.copy_gmem_to_smem(
+                            bias_gmems[i * streams + j].at[pl.ds(local_n * cta_n, cta_n)],
+                            bias_smem.at[parity], vec_ready.at[parity])
 
+                if plan.has_bias:
                     owner(tile, load_bias)
+                if plan.residual:  # one output: its local tile is the tile
+                    for w in range(num_mma):
+                        plgpu.copy_gmem_to_smem(
+                            residual_gmem.at[pl.ds(0, x_box), pl.ds(tile * cta_n + w * tile_n,
+                                                                    tile_n)],
+                            res_smem.at[parity, w, pl.ds(0, x_box)], vec_ready.at[parity])
 
                 def issue(i, local_n):
                     @pl.loop(0, k_steps)
@@ -275,7 +302,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
             total_steps, local_units = totals
 
             drain_releases(consumed, total_steps, stages)
-            if plan.has_bias:
+            if plan.per_unit_inputs:
                 drain_releases(vec_free, local_units, 2)
 
         def mma_warpgroup():
@@ -321,9 +348,23 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                 if cluster:
                     _publish_partial(accs[0], exchange, loop_info.local_index)
                 biases = None
-                if plan.has_bias:
+                if plan.per_unit_inputs:
                     plgpu.barrier_wait(vec_ready.at[parity])
+                if plan.has_bias:
                     biases = [b.at[parity, pl.ds(wg_n0, tile_n)] for b in bias_smems]
+                residual = row_stats = None
+                if plan.residual:
+                    residual = res_smem.at[parity, wg_idx]
+                    part = tile * num_mma + wg_idx  # this warpgroup's tile_n-column block
+
+                    def row_stats(sums, m2s):
+                        for j, v in enumerate((sums, m2s)):
+                            stats_smem[wg_idx, j] = v
+                        plgpu.commit_smem()
+                        for j in range(2):
+                            plgpu.copy_smem_to_gmem(
+                                stats_smem.at[wg_idx, j, pl.ds(0, x_box)],
+                                stats_gmems[j].at[part, pl.ds(0, x_box)])
 
                 def store(src, c):
                     def copy(i, local_n):
@@ -361,12 +402,13 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                     else:
                         _epilogue(accs, out_smem.at[wg_idx], store, cols_left,
                                   scale_of=scale_of, biases=biases, combine=plan.combine,
-                                  epi_n=epi_n, out_dtype=out_dtype)
+                                  epi_n=epi_n, out_dtype=out_dtype, residual=residual,
+                                  row_stats=row_stats)
 
                 # In a cluster only rank 0 holds the sum; the other ranks' part is done.
                 pl.when(s == 0)(finish_unit) if cluster else finish_unit()
-                if plan.has_bias:
-                    # The fence orders the bias reads before the TMA that refills the buffer.
+                if plan.per_unit_inputs:
+                    # The fence orders the tiles' reads before the TMA that refills the buffer.
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(vec_free.at[parity])
                 return step0 + k_steps
@@ -497,19 +539,23 @@ def _add_squares(squares: Array, x_tile) -> Array:
 
 
 def _epilogue(accs: list[Array], out_smem, store, cols_left: Array, *, scale_of, biases,
-              combine: Combine, epi_n: int, out_dtype) -> None:
-    """y = combine(r * acc_j + b_j over the streams j) (r, b where given), stored in
-    [64, epi_n] pieces double-buffered in out_smem; pieces at or past `cols_left` are
-    skipped whole, so that every wait below counts only stores that were issued."""
+              combine: Combine, epi_n: int, out_dtype, residual=None, row_stats=None) -> None:
+    """y = combine(r * acc_j + b_j over the streams j) (r, b where given) [+ the residual
+    tile, `residual`: [64, tile_n] in SMEM], stored in [64, epi_n] pieces double-buffered in
+    out_smem; pieces at or past `cols_left` are skipped whole, so that every wait below counts
+    only stores that were issued. With `row_stats` (a residual's whole tiles: every piece
+    is stored), the rows' (sum, M2) of y as stored, pieces Chan-combined, go to
+    row_stats(sums, m2s)."""
     tile_n = accs[0].shape[1]
     col_layout = plgpu.Layout.WGMMA.reduce(0)
     scale = None if scale_of is None else scale_of()
-    # Drain any store still reading out_smem from the previous unit.
+    stats = None
+    # Drain any store still reading out_smem (or the row statistics) from the previous unit.
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
     for ni in range(tile_n // epi_n):
 
-        @pl.when(ni * epi_n < cols_left)
         def _piece():
+            nonlocal stats
             cols = slice(ni * epi_n, (ni + 1) * epi_n)
             values = []
             for j, acc in enumerate(accs):
@@ -521,12 +567,26 @@ def _epilogue(accs: list[Array], out_smem, store, cols_left: Array, *, scale_of,
                     y = y + lax.broadcast_in_dim(b, y.shape, [1])
                 values.append(y)
             y = values[0] if combine is None else combine(values)
+            if residual is not None:
+                y = y + plgpu.load(residual.at[:, cols], layout=plgpu.Layout.WGMMA).astype(
+                    jnp.float32)
+            y = y.astype(out_dtype)
+            if row_stats is not None:  # of h as stored, as a reader of h would take them
+                piece = piece_stats(y.astype(jnp.float32))
+                stats = piece if stats is None else chan_combine(stats, piece, ni * epi_n, epi_n)
             slot = ni % 2
             # The store issued two pieces ago read this slot; wait until it has.
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-            out_smem[slot] = y.astype(out_dtype)
+            out_smem[slot] = y
             plgpu.commit_smem()
             store(out_smem.at[slot], ni * epi_n)
+
+        if row_stats is None:
+            pl.when(ni * epi_n < cols_left)(_piece)
+        else:
+            _piece()
+    if row_stats is not None:
+        row_stats(*stats)
 
 
 def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtypeStruct], *,
@@ -536,6 +596,11 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
         raise ValueError("head_halves needs two streams and one MMA warpgroup")
     if config.cluster_splits and (plan.row_scale == "in_kernel" or plan.head_halves):
         raise ValueError("reduction='cluster' takes a given row scale and whole output tiles")
+    if plan.residual and (len(weights) != 1 or config.partials_out
+                          or weights[0].shape[1] % config.cta_tile_n):
+        raise Unsupported(f"a residual epilogue takes one weight whose N is whole CTA tiles "
+                          f"({config.cta_tile_n} columns) and the sum of the K splits in the "
+                          f"kernel (split_k = 1 or reduction='cluster'); got {config}")
     n_units = units(config, [w.shape[1] // plan.columns_per_tile_column
                              for w in weights[::plan.streams]])
     layout = dict(grid=(min(grid_ctas(interpret), n_units),), grid_names=("sm",))

@@ -19,13 +19,15 @@ import jax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
+from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_kernel, hardware
 from pallas_kernels.decode_config import MAX_ROWS, DecodeConfig, check_shapes, decode_config
 from pallas_kernels.decode_kernel import x_box_rows
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 
-__all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_rms_norm_dense",
-           "lazy_rms_decode_matmul", "x_box_rows"]
+__all__ = ["MAX_ROWS", "DecodeConfig", "decode_config", "decode_residual_matmul",
+           "decode_rms_norm_dense", "lazy_rms_decode_matmul", "residual_smem_bytes",
+           "x_box_rows"]
 
 Array = jax.Array
 
@@ -98,6 +100,54 @@ def lazy_rms_decode_matmul(
         (jnp.sum(p, axis=0) * row_scale[:, None] + b[None, :]).astype(x.dtype)
         for p, b in zip(partials, bias32)
     )
+
+
+def decode_residual_matmul(
+    x: Array,
+    w: Array,
+    residual: Array,
+    *,
+    bias: Array | None = None,
+    config: DecodeConfig | None = None,
+    interpret: bool = False,
+) -> tuple[Array, Array, Array]:
+    """(h, sums, m2s): h = x @ w + bias + residual in x.dtype, added in float32 before the
+    one rounding, and per tile_n-column block the rows' sum and M2 of h as stored (what
+    the xla path's statistics are of; [N / tile_n, M] each, `jaxnorm.row_stats.from_partials`
+    combines them), from one launch: the residual stream and the next norm's statistics
+    at decode (M <= 64).
+
+    The config's K splits must be summed in the kernel (split_k = 1 or
+    reduction="cluster") and N must be whole CTA tiles; else `Unsupported`."""
+    m, k = x.shape
+    n = w.shape[1]
+    if residual.shape != (m, n) or residual.dtype != x.dtype:
+        raise ValueError(f"residual must be {(m, n)} {x.dtype}; got {residual.shape} "
+                         f"{residual.dtype}")
+    if config is None:
+        config = decode_config(m, k, [n], sms=hardware.num_sms())
+    extra = residual_smem_bytes(config, jnp.dtype(x.dtype).itemsize)
+    config = dc.deepest(config, jnp.dtype(x.dtype).itemsize, max_stages=config.stages,
+                        extra=extra)
+    check_shapes(x, [w], config, extra=extra)
+    plan = decode_kernel.Plan(n_tiles=(pl.cdiv(n, config.cta_tile_n),), x_box=x_box_rows(m),
+                              has_bias=bias is not None, row_scale=None, residual=True)
+    # The statistics' rows padded to the x box: TMA wants 16-byte row strides.
+    parts, box = n // config.tile_n, x_box_rows(m)
+    out_types = [jax.ShapeDtypeStruct((m, n), x.dtype)] + [
+        jax.ShapeDtypeStruct((parts, box), jnp.float32)] * 2
+    vectors = [] if bias is None else [bias.astype(jnp.float32)]
+    h, sums, m2s = decode_kernel.build(x, [w], out_types, config=config, plan=plan,
+                                       interpret=interpret)(x, w, *vectors, residual)
+    return h, sums[:, :m], m2s[:, :m]
+
+
+def residual_smem_bytes(config: DecodeConfig, itemsize: int) -> int:
+    """Shared memory of the residual epilogue: double-buffered residual tiles and the row
+    statistics' staging (`decode_kernel.Plan.residual`), and 3 KiB for their alignment and
+    barriers (`smem_bytes` is an estimate; Mosaic's count ran 1.5 KiB above it here)."""
+    return (2 * config.cta_tile_n * MAX_ROWS * itemsize + config.warpgroups * 2 * MAX_ROWS * 4
+            + 3 * 1024)
 
 
 def decode_rms_norm_dense(

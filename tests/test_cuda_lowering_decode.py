@@ -83,3 +83,28 @@ def test_cluster_reduction_lowers(m, launch, config):
     the interpreter cannot run) at the 1B-class presets' o, down and q/k/v launches."""
     k, ns = launch
     _lower(m, k, ns, config)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dc.DecodeConfig(tile_n=64, split_k=8, stages=12, reduction="cluster"),
+     dc.DecodeConfig(tile_n=128, split_k=4, stages=8, reduction="cluster"),
+     dc.DecodeConfig(tile_n=64, split_k=4, stages=8, warpgroups=2, reduction="cluster"),
+     dc.DecodeConfig(tile_n=64, split_k=1, stages=12)],
+    ids=str,
+)
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("shape", [(2048, 1024), (3072, 1024), (8192, 2048), (1024, 1152),
+                                   (4096, 2560)], ids=lambda s: "x".join(map(str, s)))
+def test_residual_epilogue_lowers(m, shape, config):
+    """h = x @ w + b + r and h's per-tile statistics in one launch, at the presets' o- and
+    down-projections (the stages refitted to the residual tiles' shared memory)."""
+    k, n = shape
+    x, w, r, b = S((m, k), BF16), S((k, n), BF16), S((m, n), BF16), S((n,), jnp.float32)
+
+    def fn(x, w, r, b):
+        return dm.decode_residual_matmul(x, w, r, bias=b, config=config)
+
+    with jax.sharding.use_abstract_mesh(H200):
+        lowered = jax.jit(fn).trace(x, w, r, b).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()

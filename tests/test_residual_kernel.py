@@ -156,18 +156,59 @@ def test_what_the_kernel_does_not_serve(request):
         jaxnorm.residual_dense(f32["x"], f32["kernel"], f32["residual"], impl="interpret")
 
 
+DecodeConfig = decode_matmul.DecodeConfig
+
+
 @pytest.mark.parametrize("m, bias", [(1, True), (7, False), (64, True)])
 def test_decode_rows_take_the_decode_gemm(m, bias, request, monkeypatch):
-    """At M <= 64 residual_dense's product is the decode GEMM's; h and its statistics
-    against float64."""
+    """At M <= 64 with split-K partials summed by XLA, residual_dense's product is the decode
+    GEMM's and XLA adds r; h and its statistics against float64."""
     calls = []
     original = decode_matmul.lazy_rms_decode_matmul
     monkeypatch.setattr(decode_matmul, "lazy_rms_decode_matmul",
                         lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(decode_matmul, "decode_config",
+                        lambda *a, **kw: DecodeConfig(tile_n=64, split_k=2, stages=3))
     inputs = residual_inputs(_rng(request), (m,), 128, 192, bias=bias, mean_ratio=3.0)
     assert vr.check_residual("interpret", **inputs) <= 1.0
     assert_race_free()
     assert calls
+
+
+@pytest.mark.parametrize("m, bias, config", [
+    (1, True, DecodeConfig(tile_n=64, split_k=1, stages=3)),
+    (7, False, DecodeConfig(tile_n=64, split_k=2, stages=3, warpgroups=2, reduction="cluster")),
+    (16, True, DecodeConfig(tile_n=128, split_k=2, stages=3, reduction="cluster")),
+    (64, True, DecodeConfig(tile_n=64, split_k=1, stages=3, warpgroups=2)),
+], ids=["m1_split1", "m7_cluster_wg2", "m16_cluster", "m64_split1_wg2"])
+def test_decode_rows_in_one_launch(m, bias, config, request, monkeypatch):
+    """Where the config sums its K splits in the kernel, the decode kernel also adds r and
+    writes h's per-tile (sum, M2) (rows of |mean|/std = 1e3 included): h and its
+    statistics against float64, and no XLA add or product after the kernel."""
+    calls = []
+    original = decode_matmul.decode_residual_matmul
+    monkeypatch.setattr(decode_matmul, "decode_residual_matmul",
+                        lambda *a, **kw: calls.append(kw["config"]) or original(*a, **kw))
+    monkeypatch.setattr(decode_matmul, "decode_config", lambda *a, **kw: config)
+    inputs = residual_inputs(_rng(request), (m,), 256, 256, bias=bias, mean_ratio=1e3)
+    assert vr.check_residual("interpret", **inputs) <= 1.0
+    assert_race_free()
+    assert [c.split_k for c in calls] == [config.split_k]
+
+
+@pytest.mark.parametrize("config, reason", [
+    (DecodeConfig(tile_n=128, split_k=1, stages=3), "whole CTA tiles"),
+    (DecodeConfig(tile_n=64, split_k=2, stages=3), "sum of the K splits in the kernel"),
+])
+def test_decode_residual_kernel_says_what_it_does_not_serve(config, reason, request):
+    inputs = residual_inputs(_rng(request), (8,), 128, 192)
+    with pytest.raises(Unsupported, match=reason):
+        decode_matmul.decode_residual_matmul(inputs["x"], inputs["kernel"], inputs["residual"],
+                                             config=config, interpret=True)
+    with pytest.raises(ValueError, match="residual must be"):
+        decode_matmul.decode_residual_matmul(inputs["x"], inputs["kernel"],
+                                             inputs["residual"][:, :64], config=config,
+                                             interpret=True)
 
 
 def test_automatic_use_at_decode_follows_the_measured_table():

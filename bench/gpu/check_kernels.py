@@ -681,6 +681,78 @@ def decode_gemm_cluster_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
+# The decode residual epilogue (pallas_kernels/decode_matmul.decode_residual_matmul: h = x @ W
+# + b + r and h's per-tile statistics in one launch) at the presets' o and down launches:
+# (M, K, N), split (cluster when > 1), tile_n, warpgroups; rows of |mean|/std ~ 1e3.
+DECODE_RESIDUAL_CASES = [((1, 2048, 1024), 8, 64, 1), ((8, 3072, 1024), 4, 64, 2),
+                         ((8, 8192, 2048), 4, 128, 1), ((64, 1024, 1152), 1, 64, 1)]
+
+
+def decode_residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct (h, mean and M2 by verify.residual's judge), NaN isolated and repeatable for
+    the decode GEMM's residual epilogue."""
+    from jaxnorm import row_stats
+    from pallas_kernels import decode_config as dc
+    from pallas_kernels import decode_matmul as dm
+
+    cases = []
+    for (m, k, n), split, tile_n, warpgroups in DECODE_RESIDUAL_CASES:
+        if SMOKE:
+            k, n, split = 256, 128 * warpgroups, min(split, 2)
+        config = dc.DecodeConfig(tile_n=tile_n, split_k=split, warpgroups=warpgroups,
+                                 stages=12, reduction="cluster" if split > 1 else "xla")
+
+        def inputs(m=m, k=k, n=n, seed=0):
+            rng = np.random.default_rng(seed + 7 * m + k)
+            sign = np.where(rng.random((m, 1)) < 0.5, -1.0, 1.0)
+            return dict(x=_draw(rng, (m, k), BF16),
+                        kernel=_draw(rng, (k, n), BF16, 1 / np.sqrt(k)),
+                        residual=np.asarray(jnp.asarray(
+                            rng.standard_normal((m, n)) + 1e3 * sign, BF16)),
+                        bias=_draw(rng, (n,), F32))
+
+        def run(inp, config=config, n=n):
+            h, sums, m2s = dm.decode_residual_matmul(
+                jnp.asarray(inp["x"]), jnp.asarray(inp["kernel"]), jnp.asarray(inp["residual"]),
+                bias=jnp.asarray(inp["bias"]), config=config, interpret=INTERPRET)
+            mean, m2 = row_stats.from_partials(sums, m2s, config.tile_n)
+            return h, row_stats.RowStats(mean, m2, n)
+
+        def correct(inputs=inputs, run=run):
+            inp = inputs(seed=1)
+            h, stats = run(inp)
+            worst = max(checks._ratio(j) for j in vr.judge_residual(h, stats, "output", **inp))
+            return f"err/tol {worst:.3f}"
+
+        def nan_isolated(inputs=inputs, run=run, m=m):
+            inp = inputs(seed=2)
+            inp["x"] = inp["x"].copy()
+            inp["x"][m // 2, 5] = np.nan
+            h, stats = run(inp)
+            h = np.asarray(h.astype(F32))
+            rows = np.arange(m) != m // 2
+            finite = all(np.isfinite(np.asarray(v)[rows]).all() for v in (h, stats.mean, stats.m2))
+            if not (np.isnan(h[m // 2]).all() and np.isnan(np.asarray(stats.mean)[m // 2])
+                    and finite):
+                raise AssertionError("a NaN in one row of x reached another row")
+            return "NaN row stays NaN, others finite"
+
+        def repeatable(inputs=inputs, run=run):
+            inp = inputs(seed=3)
+            first = jax.tree.leaves(run(inp))
+            for _ in range(19):
+                if not all(np.array_equal(np.asarray(a), np.asarray(b))
+                           for a, b in zip(first, jax.tree.leaves(run(inp)))):
+                    raise AssertionError("two calls on the same inputs differ")
+            return "20 calls bitwise equal"
+
+        label = (f"decode residual epilogue {m}x{k}x{n} n{tile_n} s{config.split_k} "
+                 f"wg{warpgroups}")
+        cases += [("correct", label, correct), ("NaN isolated", label, nan_isolated),
+                  ("repeatable", label, repeatable)]
+    return cases
+
+
 # The decode attention-input kernel (pallas_kernels/decode_attention_input.py) at the
 # presets of bench/decode_attention_bench.py, the QK-norm ones and Llama-3-8B's without
 # (smoke: d_model 128, 2 q heads and 1 kv head of the preset's head_dim).
@@ -835,7 +907,8 @@ def main() -> int:
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
     cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
              + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases()
-             + decode_gemm_cluster_cases() + decode_attention_input_cases()
+             + decode_gemm_cluster_cases() + decode_residual_cases()
+             + decode_attention_input_cases()
              + norm_backward_cases())
     if os.environ.get("ONLY"):
         wanted = os.environ["ONLY"].split(",")

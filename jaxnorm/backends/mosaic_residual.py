@@ -7,9 +7,11 @@ xla. The kernel's [P, M] partials are combined here, in XLA (M-sized work), by
 Chan's formula (`jaxnorm.row_stats.from_partials`).
 
 At decode (M <= 64) the product is the weight-streaming decode GEMM's
-(pallas_kernels/decode_matmul.py) and XLA adds the residual and takes the
-statistics in the fusion that follows it (M*N elements: small at decode), as the
-xla path does after its dot.
+(pallas_kernels/decode_matmul.py). Where its config sums the K splits in the kernel
+(split_k = 1, or a cluster per tile) and N is whole tiles, the kernel also adds the
+residual and writes h's per-tile statistics (`decode_residual_matmul`): one launch.
+Otherwise XLA adds the residual and takes the statistics in the fusion that follows
+it (M*N elements: small at decode), as the xla path does after its dot.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from jaxnorm.backends.mosaic_device import on_gpu_only
 from jaxnorm.dispatch import decline_automatic, register
 from jaxnorm.backends import xla
 from jaxnorm.backends.mosaic_dense import decode_not_faster
-from pallas_kernels import decode_matmul, gemm_config
+from pallas_kernels import decode_matmul, gemm_config, hardware
 from pallas_kernels import residual_matmul as rm
 from pallas_kernels.errors import Unsupported
 
@@ -51,16 +53,31 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
     x = x if interpret else on_gpu_only(x, "residual_dense")
     m, k = x.shape
     if m <= decode_matmul.MAX_ROWS:
-        (y,) = decode_matmul.lazy_rms_decode_matmul(
-            x, [kernel], row_scale=jnp.ones((m,), jnp.float32), biases=[bias],
-            interpret=interpret)
-        return xla.residual_outputs(y, residual)
+        return _decode(x, kernel, bias, residual, interpret=interpret)
     config = rm.residual_config(m, k, kernel.shape[1], itemsize=jnp.dtype(x.dtype).itemsize)
     h, (sums, m2s) = rm.residual_matmul(x, kernel, residual, bias=bias, config=config,
                                         interpret=interpret)
     mean, m2 = row_stats.from_partials(sums, m2s, gemm_config.part_columns(kernel.shape[1],
                                                                            config))
     return h, mean, m2
+
+
+def _decode(x: Array, kernel: Array, bias: Array | None, residual: Array, *,
+            interpret: bool) -> tuple[Array, Array, Array]:
+    """(h, mean, m2) at decode rows: one launch where the config allows, else the decode
+    GEMM's product and XLA's add and statistics."""
+    m, k = x.shape
+    n = kernel.shape[1]
+    config = decode_matmul.decode_config(m, k, [n], sms=hardware.num_sms())
+    if (config.split_k == 1 or config.cluster_splits) and n % config.cta_tile_n == 0:
+        h, sums, m2s = decode_matmul.decode_residual_matmul(
+            x, kernel, residual, bias=bias, config=config, interpret=interpret)
+        mean, m2 = row_stats.from_partials(sums, m2s, config.tile_n)
+        return h, mean, m2
+    (y,) = decode_matmul.lazy_rms_decode_matmul(
+        x, [kernel], row_scale=jnp.ones((m,), jnp.float32), biases=[bias], config=config,
+        interpret=interpret)
+    return xla.residual_outputs(y, residual)
 
 
 @decline_automatic("residual_dense")
