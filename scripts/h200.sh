@@ -21,6 +21,8 @@
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
+#   ONLY="cluster sum,residual epilogue" bash scripts/h200.sh kernels decode-residual
+#     # the in-cluster split-K sum and the decode residual epilogue: GPU checks, then timed
 #   DECODE_ARGS="--launches presets --rows 1,8 --configs 3" LAUNCHES_LIMIT=300 \
 #     bash scripts/h200.sh decode-launches  # timed cold (copies >= 3x L2, bench/timing.py):
 #     the table's launches under 15 MB were timed inside L2 before 2026-12-05
@@ -92,6 +94,10 @@ for name in "$@"; do
     decode-presets) stage decode_presets "${PRESETS_LIMIT:-170}" python3 -m bench.decode_gemm \
                       --launches presets --rows "${ROWS:-1,8}" --configs 2 --budget-s 120 \
                       --out "$WORK/decode_presets" ;;
+    decode-residual)  # the residual stream at decode: stock, two launches, one (cluster sum)
+      stage decode_residual "${RESIDUAL_LIMIT:-200}" python3 -m bench.decode_residual \
+        --rows "${ROWS:-1,8,64}" --budget-s $(( ${RESIDUAL_LIMIT:-200} - 20 )) \
+        --out "$WORK/decode_residual" ;;
     decode-groups) stage decode_groups "${GROUPS_LIMIT:-120}" python3 -m bench.decode_groups \
                      --budget-s $(( ${GROUPS_LIMIT:-120} - 20 )) --out "$WORK/decode_groups" \
                      ${GROUPS_ARGS:-} ;;
