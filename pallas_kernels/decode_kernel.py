@@ -25,7 +25,10 @@ With `reduction="cluster"` the S splits of a tile are the S CTAs of one cluster:
 the grid's clusters walk the N tiles, rank s streams K split s, ranks 1..S-1 leave
 their float32 accumulators in shared memory, and rank 0 adds them (read through
 DSMEM; under the interpreter, which has no DSMEM, through a global scratch) and runs
-the epilogue, so the sum needs no second kernel (`_cluster_sum`).
+the epilogue, so the sum needs no second kernel (`_publish_partial`,
+`_add_peer_partials`). Where the splits are summed in the kernel, the epilogue can also
+add a residual and write the rows' statistics of the sum (`Plan.residual`): the residual
+stream's GEMM at decode in one launch.
 
 A step counter runs across a CTA's units, so the pipeline never drains between
 them. The row statistic in-kernel (S = 1 only, where a unit sees all of K): the
