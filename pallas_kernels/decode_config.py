@@ -84,13 +84,13 @@ def epi_tile_n(config: DecodeConfig, itemsize: int) -> int:
     return EPI_N[4] if config.partials_out else EPI_N[itemsize]
 
 
-def cluster_partial_bytes(config: DecodeConfig) -> int:
-    """Shared memory of a cluster rank's split-K partial, one [64, tile_n] float32 tile per MMA
-    warpgroup, that rank 0 reads through DSMEM, and its two cluster barriers (1 KiB with
-    alignment) (`reduction="cluster"`); else 0."""
+def cluster_partial_bytes(config: DecodeConfig, streams: int = 1) -> int:
+    """Shared memory of a cluster rank's split-K partials, one [64, tile_n] float32 tile per
+    stream and MMA warpgroup, that rank 0 reads through DSMEM, and its two cluster barriers
+    (1 KiB with alignment) (`reduction="cluster"`); else 0."""
     if not config.cluster_splits:
         return 0
-    return config.warpgroups * MAX_ROWS * config.tile_n * 4 + 1024
+    return streams * config.warpgroups * MAX_ROWS * config.tile_n * 4 + 1024
 
 
 def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:
@@ -101,7 +101,8 @@ def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int
     out_itemsize = 4 if config.partials_out else itemsize
     out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config, itemsize) * out_itemsize
     vectors = 4 * (MAX_ROWS + 2 * streams * config.cta_tile_n)
-    return stage * config.stages + out + vectors + 512 + cluster_partial_bytes(config) + extra
+    return (stage * config.stages + out + vectors + 512 + cluster_partial_bytes(config, streams)
+            + extra)
 
 
 def check_shapes(
@@ -138,8 +139,6 @@ def check_shapes(
     if config.cluster_splits and config.split_k > hardware.MAX_CLUSTER:
         raise Unsupported(f"split_k={config.split_k} must be <= {hardware.MAX_CLUSTER} (the "
                           "portable cluster size) to reduce in the cluster")
-    if config.cluster_splits and streams != 1:
-        raise Unsupported("reduction='cluster' takes one weight stream per output")
     if smem_bytes(config, x.dtype.itemsize, streams, extra) > hardware.SMEM_BYTES_PER_CTA:
         raise Unsupported(f"{config} needs more shared memory than a CTA has")
 

@@ -6,9 +6,11 @@ memory warpgroup streams the x tile and the gate and up weight tiles into one
 pipeline slot, and each MMA warpgroup keeps two [64, tile_n] float32 accumulators.
 The epilogue writes y = act(r acc_g + b_g) * (r acc_u + b_u) (float32, then
 x.dtype): no [M, d_ff] gate and up in HBM and no activation pass, as the prefill
-kernel (`pallas_kernels.gated_matmul`) does for large M. split_k is 1 because
-act(gate) * up is not linear in partial sums over K; so d_ff / (warpgroups *
-tile_n) units is all the parallelism (48 at d_ff = 3072 and 64-column tiles).
+kernel (`pallas_kernels.gated_matmul`) does for large M. act(gate) * up is not linear
+in partial sums over K, so the K splits must be summed before the epilogue: split_k is
+1 (then d_ff / (warpgroups * tile_n) units is all the parallelism, 48 at d_ff = 3072 and
+64-column tiles), or the splits of a tile are one cluster whose rank 0 sums both
+streams' partials and runs the epilogue (`reduction="cluster"`, S times the units).
 
 Since every unit streams all of x's K tiles, the row statistic comes free: the
 MMA warpgroups sum x's squares from the tiles in shared memory and form
@@ -16,7 +18,8 @@ r = rsqrt(mean(x^2) + eps) for the epilogue, so no XLA pass reads x. That holds
 when the gain is folded into both weights (`jaxnorm.fold`) or absent; a gain
 that is not folded still scales x in one XLA pass (M*K elements, the smaller
 operand), which takes r of the unscaled x in the same pass. `row_scale` (from a
-previous kernel's statistics) skips both.
+previous kernel's statistics) skips both. With the splits in a cluster no unit sees
+all of K, so r comes from `row_scale` or one XLA row reduction.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes,
                                           gated_decode_config)
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gated_matmul import ACTIVATIONS
+from pallas_kernels.lazy_norm_matmul import rms_row_scale
 
 __all__ = ["MAX_ROWS", "check_decode_gated_shapes", "decode_gated_rms_matmul",
            "gated_decode_config"]
@@ -43,13 +47,14 @@ MAX_TILE_N = 128
 
 def check_decode_gated_shapes(x, w_gate, w_up, config: DecodeConfig) -> None:
     """Unsupported for what the decode gated kernel does not serve: the decode GEMM's rules
-    for [W_gate, W_up] (two weight tiles per slot), one shape for both, split_k = 1 and
-    tile_n <= MAX_TILE_N."""
+    for [W_gate, W_up] (two weight tiles per slot), one shape for both, the K splits
+    summed before the epilogue (split_k = 1 or in the cluster) and tile_n <= MAX_TILE_N."""
     check_shapes(x, [w_gate, w_up], config, streams=2)
     if w_gate.shape != w_up.shape:
         raise Unsupported(f"W_gate {w_gate.shape} and W_up {w_up.shape} must have one shape")
-    if config.split_k != 1:
-        raise Unsupported(f"split_k={config.split_k} must be 1: act(gate) * up is not linear "
+    if config.split_k != 1 and not config.cluster_splits:
+        raise Unsupported(f"split_k={config.split_k} must be 1 unless the splits are summed "
+                          "in the cluster (reduction='cluster'): act(gate) * up is not linear "
                           "in partial sums over K")
     if config.tile_n > MAX_TILE_N:
         raise Unsupported(f"tile_n={config.tile_n} must be <= {MAX_TILE_N}: two float32 "
@@ -88,6 +93,8 @@ def decode_gated_rms_matmul(
         config = gated_decode_config(m, k, n, sms=hardware.num_sms(),
                                      itemsize=jnp.dtype(x.dtype).itemsize)
     check_decode_gated_shapes(x, w_gate, w_up, config)
+    if row_scale is None and config.cluster_splits:  # no unit sees all of K
+        row_scale = rms_row_scale(x, eps)
     x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
                                          row_scale=row_scale, eps=eps)
     has_bias = gate_bias is not None or up_bias is not None

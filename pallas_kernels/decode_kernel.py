@@ -211,7 +211,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
         scratch["const_ready"] = plgpu.Barrier(num_arrivals=len(plan.constants))
     if cluster:
         if not via_global:
-            scratch["partial_smem"] = plgpu.SMEM((num_mma, MAX_ROWS, tile_n), jnp.float32)
+            scratch["partial_smem"] = plgpu.SMEM((streams, num_mma, MAX_ROWS, tile_n),
+                                                 jnp.float32)
         # Every rank's partials are published / rank 0 is done reading them.
         scratch["partial_ready"] = plgpu.ClusterBarrier(collective_axes=("split",),
                                                         num_arrivals=num_mma)
@@ -349,7 +350,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                 acc_type = plgpu.ACC((MAX_ROWS, tile_n), jnp.float32)
                 accs, squares = pl.run_scoped(k_loop, *[acc_type] * streams)
                 if cluster:
-                    _publish_partial(accs[0], exchange, loop_info.local_index)
+                    _publish_partial(accs, exchange, loop_info.local_index)
                 biases = None
                 if plan.per_unit_inputs:
                     plgpu.barrier_wait(vec_ready.at[parity])
@@ -393,7 +394,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                 def finish_unit():
                     nonlocal accs
                     if cluster:
-                        accs = [_add_peer_partials(accs[0], exchange)]
+                        accs = _add_peer_partials(accs, exchange)
                     if plan.epilogue is not None:
                         scale = None if scale_of is None else scale_of()
 
@@ -428,11 +429,11 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
 
 class PartialExchange(NamedTuple):
     """One MMA warpgroup's split-K exchange in a cluster (`reduction="cluster"`): its
-    [64, tile_n] float32 partial in this CTA's `smem` ([warpgroups, 64, tile_n]; rank 0
-    reads it through DSMEM) or, under the interpreter, in the global scratch `gmem`
-    ([clusters, splits, warpgroups, 64, tile_n]); the `ready` and `free` cluster barriers;
-    the warpgroup, the cluster's index in the grid, the split count, and whether to emit
-    the GPU's memory fences."""
+    [64, tile_n] float32 partial per stream in this CTA's `smem` ([streams, warpgroups, 64,
+    tile_n]; rank 0 reads them through DSMEM) or, under the interpreter, in the global
+    scratch `gmem` ([clusters, splits, streams, warpgroups, 64, tile_n]); the `ready` and
+    `free` cluster barriers; the warpgroup, the cluster's index in the grid, the split
+    count, and whether to emit the GPU's memory fences."""
 
     smem: Any
     gmem: Any
@@ -456,20 +457,21 @@ def _wait_free(ex: PartialExchange) -> None:
     _cluster_fence(ex)
 
 
-def _publish_partial(acc: Array, ex: PartialExchange, round_index: Array) -> None:
+def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array) -> None:
     """Every rank's part of one round of the exchange, before rank 0 reads: ranks 1..S-1 store
-    their partial once rank 0 has read the previous one (`free`), then every rank arrives on
-    and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
+    their partials once rank 0 has read the previous ones (`free`), then every rank arrives
+    on and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
     so none exits while a peer's arrival on it may still be on its way."""
     rank = lax.axis_index("split")
 
     @pl.when(rank > 0)
     def _store():
         pl.when(round_index > 0)(functools.partial(_wait_free, ex))
-        if ex.gmem is not None:
-            ex.gmem[ex.cluster, rank, ex.wg] = acc
-        else:
-            ex.smem[ex.wg] = acc
+        for j, acc in enumerate(accs):
+            if ex.gmem is not None:
+                ex.gmem[ex.cluster, rank, j, ex.wg] = acc
+            else:
+                ex.smem[j, ex.wg] = acc
         _cluster_fence(ex)
 
     plgpu.barrier_arrive(ex.ready)
@@ -481,19 +483,21 @@ def _publish_partial(acc: Array, ex: PartialExchange, round_index: Array) -> Non
         plgpu.barrier_arrive(ex.free)
 
 
-def _add_peer_partials(acc: Array, ex: PartialExchange) -> Array:
-    """Rank 0: its partial plus ranks 1..S-1's, then `free` for them to reuse their buffers."""
-    if ex.gmem is None:
-        total = _plus_dsmem_partials(acc, ex.smem.at[ex.wg], ex.splits)
-    else:
-        total = acc
+def _add_peer_partials(accs: list[Array], ex: PartialExchange) -> list[Array]:
+    """Rank 0: its partials plus ranks 1..S-1's, then `free` for them to reuse their buffers."""
+    totals = []
+    for j, acc in enumerate(accs):
+        if ex.gmem is None:
+            totals.append(_plus_dsmem_partials(acc, ex.smem.at[j, ex.wg], ex.splits))
+            continue
         for peer in range(1, ex.splits):
-            total = total + plgpu.load(ex.gmem.at[ex.cluster, peer, ex.wg],
-                                       layout=plgpu.Layout.WGMMA, optimized=False)
+            acc = acc + plgpu.load(ex.gmem.at[ex.cluster, peer, j, ex.wg],
+                                   layout=plgpu.Layout.WGMMA, optimized=False)
+        totals.append(acc)
     _cluster_fence(ex)
     plgpu.barrier_arrive(ex.free)
     _wait_free(ex)
-    return total
+    return totals
 
 
 def _plus_dsmem_partials(acc: Array, partial_smem, splits: int) -> Array:
@@ -622,7 +626,8 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
         via_global = interpret  # the interpreter has no DSMEM (plgpu.cluster_ref)
         if via_global:
             out_types.append(jax.ShapeDtypeStruct(
-                (clusters, splits, config.warpgroups, MAX_ROWS, config.tile_n), jnp.float32))
+                (clusters, splits, plan.streams, config.warpgroups, MAX_ROWS, config.tile_n),
+                jnp.float32))
     params = dict(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     if plan.row_scale == "in_kernel":
         # The row sum of squares stays inside each warp (WGMMA layout): no SMEM scratch.

@@ -53,3 +53,18 @@ def test_every_candidate_tile_lowers(tile_n, warpgroups):
     args = (S((m, k), BF16), S((k, n), BF16), S((k, n), BF16), S((n,), F32))
     _lower(lambda x, wg, wu, b: dg.decode_gated_rms_matmul(x, wg, wu, gate_bias=b, up_bias=b,
                                                            config=config), args)
+
+
+@pytest.mark.parametrize("split, tile_n, warpgroups", [(4, 64, 1), (2, 128, 1), (8, 64, 1),
+                                                       (2, 64, 2)])
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_cluster_splits_lower(m, preset, split, tile_n, warpgroups):
+    """The K splits in a cluster, rank 0 summing gate's and up's partials through DSMEM (the
+    interpreter cannot run that part), at the presets' MLP shapes."""
+    k, n, activation = preset
+    config = dc.deepest(dc.DecodeConfig(tile_n=tile_n, warpgroups=warpgroups, split_k=split,
+                                        reduction="cluster"), 2, streams=2)
+    args = (S((m, k), BF16), S((k, n), BF16), S((k, n), BF16))
+    _lower(lambda x, wg, wu: dg.decode_gated_rms_matmul(x, wg, wu, activation=activation,
+                                                        config=config), args)
