@@ -94,25 +94,27 @@ def _ratios_module(docstring: str | None, docs: Sequence[dict[str, Any]], comman
 
 def gated_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
     """jaxnorm/backends/decode_gated_measured.py's text from bench/decode_groups.py runs:
-    per measured shape the model-picked kernel's ratio to stock, gain folded and unfolded
-    (None where that variant was not timed); later runs win."""
+    per measured shape the fastest correct kernel config with the gain folded, its ratio to
+    stock, and the unfolded op's ratio (None where that variant was not timed); later runs
+    win. The config is what `gated_decode_config` then runs near that shape."""
     from bench import decode_groups
     from jaxnorm.backends import decode_gated_measured
 
-    entries: dict[tuple[int, int, int], tuple[str, float | None, float | None]] = {}
+    entries: dict[tuple[int, int, int], tuple] = {}
     for row in _gpu_rows(docs):
-        kernels = [e for e in row["variants"] if e["label"] not in decode_groups.BASELINES]
-        by_label = {e["label"]: e for e in row["variants"]}
-        # The first kernel entry is the config dispatch runs (the model's pick).
-        folded = kernels[0].get("vs_stock") if kernels else None
-        unfolded = by_label.get(decode_groups.UNFOLDED, {}).get("vs_stock")
-        entries[tuple(row["shape"])] = row["activation"], folded, unfolded
+        timed = [e for e in row["variants"]
+                 if e["label"] not in decode_groups.BASELINES and "vs_stock" in e]
+        best = min(timed, key=lambda e: e["us"], default=None)
+        unfolded = {e["label"]: e for e in row["variants"]}.get(
+            decode_groups.UNFOLDED, {}).get("vs_stock")
+        entries[tuple(row["shape"])] = (row["activation"], best and best["vs_stock"], unfolded,
+                                        best and best.get("config"))
     return _ratios_module(
         decode_gated_measured.__doc__, docs, command, commit,
-        "(M, K, d_ff), activation, kernel / stock with the gain folded, unfolded",
-        "tuple[tuple[int, int, int], str, float | None, float | None]",
-        [f"({shape!r}, {act!r}, {_ratio(folded)}, {_ratio(unfolded)})"
-         for shape, (act, folded, unfolded) in entries.items()])
+        "(M, K, d_ff), activation, kernel / stock gain folded, unfolded; folded config",
+        "tuple[tuple[int, int, int], str, float | None, float | None, dict[str, int | str] | None]",
+        [f"({shape!r}, {act!r}, {_ratio(folded)}, {_ratio(unfolded)},\n     {config!r})"
+         for shape, (act, folded, unfolded, config) in entries.items()])
 
 
 def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:

@@ -136,6 +136,24 @@ def test_op_serves_decode_rows_with_the_decode_gated_kernel(rng, monkeypatch):
                           **kw) <= 1.0
 
 
+def test_op_runs_the_config_its_measured_ratio_is_of(rng, monkeypatch):
+    """At decode the op runs the nearest measured shape's fastest config (here K splits in a
+    cluster), not the modelled pick; right against float64 with it."""
+    fields = dict(tile_n=64, tile_k=64, split_k=2, stages=3, warpgroups=1, reduction="cluster")
+    monkeypatch.setattr(decode_gated_measured, "ENTRIES",
+                        (((8, 128, 192), "silu", 0.5, 0.6, fields),))
+    monkeypatch.setattr(decode_gated_measured, "PROVENANCE", {"sms": hardware.num_sms()})
+    configs = []
+    original = dg.decode_gated_rms_matmul
+    monkeypatch.setattr(dg, "decode_gated_rms_matmul",
+                        lambda *a, **kw: configs.append(kw.get("config")) or original(*a, **kw))
+    inputs, kw = _inputs(rng, 7, 128, 192, gain=None, biases="")
+    y = jaxnorm.rms_norm_gated_dense(*inputs.values(), impl="interpret", **kw)
+    assert_race_free()
+    assert configs == [dc.DecodeConfig(**fields)]
+    assert vg.check_gated(y, **inputs, act_dtype=np.float32, **kw) <= 1.0
+
+
 def _gate(k: int, n: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((k, n), BF16)
 
@@ -144,7 +162,7 @@ def test_automatic_dispatch_at_decode_follows_the_measured_table(monkeypatch):
     """Kernel where the nearest measured shape (within 2x in M, K and d_ff) was at most
     DECODE_MAX_RATIO of stock with the call's gain state; the reason everywhere else."""
     monkeypatch.setattr(decode_gated_measured, "ENTRIES", (
-        ((1, 1024, 3072), "silu", 0.42, 0.95), ((8, 2048, 8192), "silu", 0.93, None)))
+        ((1, 1024, 3072), "silu", 0.42, 0.95, None), ((8, 2048, 8192), "silu", 0.93, None, None)))
     monkeypatch.setattr(decode_gated_measured, "PROVENANCE", {"sms": hardware.num_sms()})
     gain = jnp.ones((1024,), BF16)
     decline = mosaic_gated._not_measured_faster
@@ -163,12 +181,15 @@ def test_automatic_dispatch_at_decode_follows_the_measured_table(monkeypatch):
 
 
 def test_the_measured_table_is_consistent():
-    """Each entry is a decode shape the kernel serves, with ratios that are None or positive."""
+    """Each entry is a decode shape the kernel serves, with ratios that are None or positive
+    and a config the kernel takes at that shape."""
     assert decode_gated_measured.PROVENANCE["device"].startswith("NVIDIA")
-    for (m, k, n), activation, *ratios in decode_gated_measured.ENTRIES:
+    for (m, k, n), activation, *ratios, fields in decode_gated_measured.ENTRIES:
         assert 1 <= m <= dg.MAX_ROWS and k % 64 == 0 and n % 64 == 0
         assert activation in dg.ACTIVATIONS
         assert all(r is None or r > 0 for r in ratios)
+        x, w = jax.ShapeDtypeStruct((m, k), BF16), jax.ShapeDtypeStruct((k, n), BF16)
+        dg.check_decode_gated_shapes(x, w, w, dc.DecodeConfig(**fields))
 
 
 @pytest.mark.parametrize("m", [1, 8, 64])

@@ -36,8 +36,12 @@ def test_smoke_run_checks_times_and_reports(tmp_path):
 
 
 def test_the_table_module_holds_each_shapes_ratios():
-    """--write-table: per shape the pick's and the unfolded kernel's ratio to stock."""
-    variants = [dict(label="decode gated n64 st8", vs_stock=0.5), dict(label="n128", vs_stock=0.4),
+    """--write-table: per shape the fastest kernel config's ratio to stock and its fields,
+    and the unfolded kernel's ratio."""
+    pick = dict(tile_n=64, tile_k=64, split_k=1, stages=8, warpgroups=1)
+    split = dict(pick, tile_n=128, split_k=4, stages=3, reduction="cluster")
+    variants = [dict(label="decode gated n64 st8", us=5.0, vs_stock=0.5, config=pick),
+                dict(label="decode gated n128 st3 s4 cl", us=4.0, vs_stock=0.4, config=split),
                 dict(label=decode_groups.UNFOLDED, vs_stock=0.75),
                 dict(label=decode_groups.STOCK, vs_stock=1.0), dict(label=decode_groups.FLOOR)]
     doc = dict(environment=dict(date_utc="2026-12-01", devices=["NVIDIA H200"]), sms=132,
@@ -48,8 +52,8 @@ def test_the_table_module_holds_each_shapes_ratios():
     exec(decode_table_writer.gated_table_source([doc], "python -m bench.decode_groups", "abc"),
          namespace)
     assert namespace["PROVENANCE"]["sms"] == 132 and namespace["PROVENANCE"]["commit"] == "abc"
-    assert namespace["ENTRIES"] == (((1, 1024, 3072), "silu", 0.5, 0.75),
-                                    ((8, 1024, 3072), "gelu_tanh", 0.5, None))
+    assert namespace["ENTRIES"] == (((1, 1024, 3072), "silu", 0.4, 0.75, split),
+                                    ((8, 1024, 3072), "gelu_tanh", 0.5, None, pick))
 
 
 def test_a_wrong_floor_is_caught_by_the_check():

@@ -17,7 +17,7 @@ from jaxnorm.backends import decode_gated_measured
 from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check, nearest_measured
 from jaxnorm.backends.xla_gated import OP
 from jaxnorm.dispatch import decline_automatic, register
-from pallas_kernels import decode_gated, gated_matmul
+from pallas_kernels import decode_config, decode_gated, gated_matmul
 
 Array = jax.Array
 
@@ -28,13 +28,17 @@ def rms_norm_gated_dense(x: Array, scale: Array | None, gate_kernel: Array, up_k
                          stats: row_stats.RowStats | None = None, *, activation: str,
                          eps: float, scale_offset: float, interpret: bool) -> Array:
     x = _check(x, (gate_kernel, up_kernel), OP, interpret)
-    kernel = (decode_gated.decode_gated_rms_matmul if x.shape[0] <= decode_gated.MAX_ROWS
-              else gated_matmul.gated_rms_matmul)
+    decode = x.shape[0] <= decode_gated.MAX_ROWS
+    kernel = decode_gated.decode_gated_rms_matmul if decode else gated_matmul.gated_rms_matmul
+    config = {}
+    if decode and (measured := measured_decode_config(x.shape[0], x.shape[1],
+                                                      gate_kernel.shape[1])) is not None:
+        config = dict(config=measured)
     return kernel(
         x, gate_kernel, up_kernel, activation=activation, eps=eps, scale=scale,
         scale_offset=scale_offset, gate_bias=gate_bias, up_bias=up_bias,
         row_scale=None if stats is None else row_stats.rms_inverse(stats, eps),
-        interpret=interpret)
+        interpret=interpret, **config)
 
 
 # Measured on the H200 (bench/results/2026-12-01-free-stats, gated-bench.json, CUPTI,
@@ -45,11 +49,24 @@ MIN_MEASURED_ROWS = 4096
 
 
 def _nearest_decode_entry(m: int, k: int, n: int):
-    """The decode_gated_measured entry within 2x of (M, K, d_ff) in each, nearest in log2."""
+    """(shape, folded ratio, unfolded ratio, config fields) of the decode_gated_measured entry
+    within 2x of (M, K, d_ff) in each, nearest in log2; None if none."""
     return nearest_measured(
         decode_gated_measured.PROVENANCE, (m, k, n),
-        ((shape, (shape, folded, unfolded))
-         for shape, _, folded, unfolded in decode_gated_measured.ENTRIES))
+        ((shape, (shape, folded, unfolded, config))
+         for shape, _, folded, unfolded, config in decode_gated_measured.ENTRIES))
+
+
+def measured_decode_config(m: int, k: int, n: int) -> decode_config.DecodeConfig | None:
+    """The config the nearest measured shape ran fastest with the gain folded (the one its
+    ratio is of), where it fits this launch; else None (the kernel's modelled pick)."""
+    entry = _nearest_decode_entry(m, k, n)
+    if entry is None or entry[3] is None:
+        return None
+    config = decode_config.DecodeConfig(**entry[3])
+    if config.split_k > k // config.tile_k:
+        return None
+    return config
 
 
 def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str | None:
@@ -62,7 +79,7 @@ def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str 
         return (f"at {m}x{k}x{n} the decode gated kernel has no measured shape within 2x "
                 "(jaxnorm/backends/decode_gated_measured.py, bench/decode_groups.py); "
                 "impl='mosaic' forces it")
-    shape, folded, unfolded = entry
+    shape, folded, unfolded, _ = entry
     ratio = folded if scale is None else unfolded
     if ratio is None:
         return (f"at {m}x{k}x{n} the decode gated kernel with the gain {gain} is not yet "
