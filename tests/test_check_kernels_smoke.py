@@ -14,13 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One pre-norm GEMM op, one standalone norm, one post-norm op with a residual, one with its
 # output's statistics (and one at decode rows, through the decode GEMM), one decode gated shape,
 # the kernel-level transport and GEMM-variant checks (the gain in the mainloop among them),
-# RMSNorm's backward kernel (gain), and the decode GEMM summing its K splits in a cluster.
+# RMSNorm's backward kernel (gain), and the decode GEMM and gated kernel summing their K
+# splits in a cluster.
 ONLY = ["rms_norm 4x2048", "dense_rms_norm 64x64x256", "row_norm rms",
         "post_norm rms 128x64x512", "lazy GEMM: row statistics",
         "lazy GEMM: gain in the mainloop 4096", "layer_norm_dense 16x128x128",
         "residual-after stats dense_layer_norm", "residual-after stats dense_rms_norm 1x192",
         "decode gated silu 8x64x", "rms_norm_backward 8x512 gain",
-        "decode GEMM cluster sum 8x256x(64) n128"]
+        "decode GEMM cluster sum 8x256x(64) n128", "decode gated cluster gelu_tanh"]
 
 
 def test_smoke_mode_passes_and_reports(tmp_path):
@@ -38,6 +39,6 @@ def test_smoke_mode_passes_and_reports(tmp_path):
         assert any(c == check and s == "pass" for (c, _), s in statuses.items()), check
     assert all(s in ("pass", "skip") for s in statuses.values()), statuses
     assert all(any(w in f"{c} {case}" for w in ONLY) for c, case in statuses)
-    # Eight op cases (with the decode ones, the backward kernel and the cluster sum), three
+    # Nine op cases (with the decode ones, the backward kernel and the cluster sums), three
     # checks each; four kernel cases.
-    assert len(rows) == 8 * 3 + 4, sorted(statuses)
+    assert len(rows) == 9 * 3 + 4, sorted(statuses)

@@ -503,16 +503,23 @@ def _gated_inputs(seed: int, m: int, k: int, n: int, dtype, gain: str | None,
 
 
 def _gated_checks(label: str, inputs: Callable[[int], dict[str, Any]], activation: str,
-                  offset: float, seeds: tuple[int, int, int],
-                  checks: tuple[str, ...]) -> list[tuple[str, str, Callable[[], str]]]:
-    """correct / NaN isolated / repeatable of jaxnorm.rms_norm_gated_dense under IMPL on
-    `inputs(seed)`, judged by verify.gated (the epilogue's act(g) * u in float32)."""
+                  offset: float, seeds: tuple[int, int, int], checks: tuple[str, ...],
+                  config=None) -> list[tuple[str, str, Callable[[], str]]]:
+    """correct / NaN isolated / repeatable of jaxnorm.rms_norm_gated_dense under IMPL (or, with
+    a decode `config`, the decode gated kernel with it) on `inputs(seed)`, judged by
+    verify.gated (the epilogue's act(g) * u in float32)."""
     import jaxnorm
+    from pallas_kernels import decode_gated
     from verify import gated
 
     def run(a):
-        return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
-                                            scale_offset=offset, impl=IMPL)
+        if config is None:
+            return jaxnorm.rms_norm_gated_dense(*a.values(), activation=activation,
+                                                scale_offset=offset, impl=IMPL)
+        x, scale, wg, wu, bg, bu = (None if v is None else jnp.asarray(v) for v in a.values())
+        return decode_gated.decode_gated_rms_matmul(
+            x, wg, wu, activation=activation, scale=scale, scale_offset=offset, gate_bias=bg,
+            up_bias=bu, config=config, interpret=INTERPRET)
 
     def judge(a):
         ratio = gated.check_gated(run(a), **a, activation_name=activation,
@@ -584,6 +591,30 @@ def decode_gated_cases() -> list[tuple[str, str, Callable[[], str]]]:
         cases += _gated_checks(label, inputs, activation, 1.0 if gain == "gemma" else 0.0,
                                (700 + i, 800 + i, 900 + i),
                                ALL_CHECKS if m == 8 else ("correct",))
+    return cases
+
+
+# The decode gated kernel with its K splits summed in a cluster (rank 0 adds gate's and up's
+# partials through DSMEM): (M, K, d_ff), activation, split, tile_n; the gain folded.
+DECODE_GATED_CLUSTER = [((8, 1024, 3072), "silu", 5, 128), ((8, 2048, 8192), "silu", 2, 128),
+                        ((1, 1152, 6912), "gelu_tanh", 2, 64), ((64, 1024, 3072), "silu", 2, 64)]
+
+
+def decode_gated_cluster_cases() -> list[tuple[str, str, Callable[[], str]]]:
+    """correct, NaN isolated and repeatable for the decode gated kernel with cluster splits."""
+    from pallas_kernels import decode_config as dc
+
+    cases = []
+    for i, (full, activation, split, tile_n) in enumerate(DECODE_GATED_CLUSTER):
+        m, k, n = _size(full, (full[0], 256, 128))
+        config = dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=2 if SMOKE else split,
+                                            reduction="cluster"), 2, streams=2)
+        label = (f"decode gated cluster {activation} {m}x{k}x({n}+{n}) n{tile_n} "
+                 f"s{config.split_k}")
+        inputs = functools.partial(_gated_inputs, m=m, k=k, n=n, dtype=BF16, gain=None,
+                                   biases=i % 2 == 0)
+        cases += _gated_checks(label, inputs, activation, 0.0, (1700 + i, 1800 + i, 1900 + i),
+                               ALL_CHECKS, config=config)
     return cases
 
 
@@ -906,7 +937,8 @@ def main() -> int:
     device = jax.devices()[0]
     print(f"{device.device_kind} ({device.platform}), jax {jax.__version__}, impl={IMPL}")
     cases = (op_cases() + kernel_cases() + residual_cases() + residual_after_stats_cases()
-             + gated_cases() + decode_gated_cases() + decode_gemm_statistic_cases()
+             + gated_cases() + decode_gated_cases() + decode_gated_cluster_cases()
+             + decode_gemm_statistic_cases()
              + decode_gemm_cluster_cases() + decode_residual_cases()
              + decode_attention_input_cases()
              + norm_backward_cases())
