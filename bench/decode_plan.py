@@ -84,7 +84,7 @@ def lowered_decode_step(shape: model_suite.ModelShape, batch: int, *, fused: boo
     cfg = shape.cfg.replace(fused=fused, impl=None)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: models.Transformer(cfg,
                                                                           rngs=nnx.Rngs(0))))
-    kv = jax.ShapeDtypeStruct((batch, shape.cache, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
+    kv = jax.ShapeDtypeStruct(cfg.cache_shape(batch, shape.cache), cfg.dtype)
     cache = tuple((kv, kv) for _ in range(cfg.n_layers))
     token = jax.ShapeDtypeStruct((batch,), jnp.int32)
     with jax.sharding.use_abstract_mesh(H200):

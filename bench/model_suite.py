@@ -13,7 +13,11 @@ in one process, two rounds, the order rotated by one each round:
 - with `--bounded-limit`, also norm-free (scaled): each norm a multiplication by one
   constant calibrated on a batch of stock (`with_scaled_norms`). Without norms some
   presets' activations grow without bound and their GEMMs multiply mostly zeros, which is
-  faster work than stock's, not less of it; this limit keeps stock's scale.
+  faster work than stock's, not less of it; this limit keeps stock's scale;
+- in decode cells, also stock with jaxnorm's KV-cache layout (`LAYOUT_CONTROL`): jaxnorm's
+  models keep the cache as [B, KV, S, D], the layout XLA's attention dots read, where
+  stock Flax keeps [B, S, KV, D] (`ModelConfig.kv_layout`); this control shows how much of
+  a decode difference is that layout rather than the norms.
 
 Each cell reports CUPTI kernel time, wall time, kernels launched, time by
 kernel class, and the share of the norm-free gap jaxnorm closes,
@@ -44,6 +48,7 @@ from jaxnorm import models
 
 VARIANTS = ("stock", "jaxnorm", "flashified", "norm-free")
 BOUNDED = "norm-free (scaled)"
+LAYOUT_CONTROL = "stock, cache BKSD"
 PHASES = ("prefill", "train", "decode")
 DECODE_CACHE = 4096
 DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
@@ -183,10 +188,10 @@ def bounded_limit(stock: nnx.Module, shape: ModelShape) -> nnx.Module:
     return with_scaled_norms(models.load_params(stock, fused=False), tokens)
 
 
-def build_variants(shape: ModelShape, seed: int = 0,
-                   bounded: bool = False) -> dict[str, nnx.Module]:
-    """The four variants (five with `bounded`), all holding the parameters of one stock
-    model."""
+def build_variants(shape: ModelShape, seed: int = 0, bounded: bool = False,
+                   layout_control: bool = False) -> dict[str, nnx.Module]:
+    """The four variants (with `bounded` BOUNDED, with `layout_control` LAYOUT_CONTROL), all
+    holding the parameters of one stock model."""
     stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(seed))
     fused = models.load_params(stock, fused=True, impl=None)
     variants = {
@@ -197,6 +202,8 @@ def build_variants(shape: ModelShape, seed: int = 0,
     }
     if bounded:
         variants[BOUNDED] = bounded_limit(stock, shape)
+    if layout_control:
+        variants[LAYOUT_CONTROL] = models.load_params(stock, fused=False, cache_layout="bksd")
     return variants
 
 
@@ -281,7 +288,7 @@ def decode_case(model: nnx.Module, shape: ModelShape, batch: int, copies: int):
     graphdef, state = nnx.split(model)
     cfg = shape.cfg
     fn = decode_steps(graphdef, shape)
-    kv_shape = (batch, shape.cache, cfg.n_kv_heads, cfg.head_dim)
+    kv_shape = model.cfg.cache_shape(batch, shape.cache)
     arg_sets = []
     for i in range(copies):
         keys = jax.random.split(jax.random.key(100 + i), 2 * cfg.n_layers + 1)
@@ -422,7 +429,7 @@ def measurement_order(variants: list[str], round_index: int) -> list[str]:
 
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
-        detail: Path | None = None, bounded: bool = False,
+        detail: Path | None = None, bounded: bool = False, layout_control: bool = True,
         console: Console | None = None) -> list[Cell]:
     """Measure every cell: `rounds` rounds, each taking the variants' wall samples in turn
     (one of each per pass, in the order `measurement_order` gives the round), then each
@@ -436,14 +443,17 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     With `out`, the results so far are rewritten after every cell, so a run cut
     short keeps what it measured. With `detail`, round 1 also writes each variant's
     kernels by name and its optimized HLO there. With `bounded`, the scaled limit is a
-    fifth variant (`BOUNDED`).
+    fifth variant (`BOUNDED`); with `layout_control`, decode cells also measure
+    `LAYOUT_CONTROL`.
     """
     console = console or Console(stderr=True)
     cells = []
     for shape in shapes:
-        variants = build_variants(shape, bounded=bounded)
+        built = build_variants(shape, bounded=bounded, layout_control=layout_control)
         for phase, text, per_step, case in _cases(shape, copies, phases):
             cell = Cell(shape.name, phase, text, per_step)
+            variants = {v: m for v, m in built.items()
+                        if v != LAYOUT_CONTROL or phase.startswith("decode")}
             fns = {v: case(m)[0] for v, m in variants.items()}  # one function each, compiled once
             for r in range(rounds):
                 order = measurement_order(list(variants), r)

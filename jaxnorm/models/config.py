@@ -13,6 +13,8 @@ checkpoint's config maps onto them one by one (`jaxnorm.models.hf_config`):
     activation          "silu" (SwiGLU), "gelu_tanh" (GeGLU), "gelu"
     numerics            norm_convention: where standalone RMSNorms round in 16-bit dtypes
                         ("flax", "hf_llama", "gemma": `jaxnorm.conventions`)
+    KV cache            cache_layout: "bskd" ([B, S, KV, D], Flax's attention cache) or
+                        "bksd" ([B, KV, S, D], the layout XLA's attention dots read)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from jaxnorm.conventions import CONVENTIONS
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 LAYER_TYPES = ("full", "sliding")
 QK_NORM_OVER = ("head", "projection")
+CACHE_LAYOUTS = ("bskd", "bksd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,9 @@ class ModelConfig:
     fused: bool = True
     folded: bool = False
     impl: str | None = None
+    # The KV cache's layout; None: "bksd" for fused models (the attention input writes k and v
+    # in the layout attention reads), "bskd" (Flax's) for stock ones.
+    cache_layout: str | None = None
     dtype: Any = None  # computation dtype; None follows Flax promotion from param_dtype
     param_dtype: Any = jnp.float32
 
@@ -110,7 +116,8 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE; got {self.head_dim}")
         for name, value, allowed in (("activation", self.activation, ACTIVATIONS),
                                      ("qk_norm_over", self.qk_norm_over, QK_NORM_OVER),
-                                     ("norm_convention", self.norm_convention, CONVENTIONS)):
+                                     ("norm_convention", self.norm_convention, CONVENTIONS),
+                                     ("cache_layout", self.kv_layout, CACHE_LAYOUTS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
         if self.layer_types:
@@ -122,6 +129,24 @@ class ModelConfig:
                 raise ValueError("sliding layers need a positive sliding_window")
         if not self.pre_norms and not self.post_norms:
             raise ValueError("a model needs pre_norms, post_norms or both")
+
+    @property
+    def kv_layout(self) -> str:
+        """The KV cache's layout in effect: `cache_layout`, else by `fused`.
+
+        XLA's attention dots (B > 1) read keys and values as [B, KV, S, D]; a [B, S, KV, D]
+        cache is re-laid out for them: once around a jitted decode loop (both directions),
+        or on every step of a jitted single step (H200: bench/results/2026-12-04-model-suite,
+        the "copy" kernels of decode at B >= 8, none with one KV head)."""
+        if self.cache_layout is not None:
+            return self.cache_layout
+        return "bksd" if self.fused else "bskd"
+
+    def cache_shape(self, batch: int, max_len: int) -> tuple[int, int, int, int]:
+        """The shape of one layer's keys (and values) in `kv_layout`."""
+        if self.kv_layout == "bksd":
+            return batch, self.n_kv_heads, max_len, self.head_dim
+        return batch, max_len, self.n_kv_heads, self.head_dim
 
     @property
     def scale_offset(self) -> float:

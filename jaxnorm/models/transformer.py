@@ -34,7 +34,8 @@ from jaxnorm.models.config import ModelConfig
 from jaxnorm.row_stats import RowStats
 
 Array = jax.Array
-KVCache = tuple[tuple[Array, Array], ...]  # per layer: keys, values [B, S, KV, D]
+# Per layer: keys, values, [B, S, KV, D] or [B, KV, S, D] (`ModelConfig.kv_layout`).
+KVCache = tuple[tuple[Array, Array], ...]
 
 
 class Attention(nnx.Module):
@@ -85,10 +86,7 @@ class Attention(nnx.Module):
             positions, inv_freq = self.rope_positions(slots, pad)
             q, k = layers.rope(q, positions, inv_freq), layers.rope(k, positions, inv_freq)
         if cache is not None:
-            start = slots[0]
-            cache = tuple(jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=1)
-                          for c, new in zip(cache, (k, v)))
-            k, v = cache
+            cache, k, v = _write_cache(cache, k, v, slots[0], cfg.kv_layout)
         heads = layers.attend(q, k, v, slots, scalar=cfg.query_pre_attn_scalar,
                               cap=cfg.attn_softcap, window=cfg.sliding_window if sliding else None,
                               pad=pad)
@@ -104,6 +102,20 @@ class Attention(nnx.Module):
             return self.o(heads), None, cache
         out, stats = layers.project_add(cfg, self.o, heads, residual)
         return out, stats, cache
+
+
+def _write_cache(cache: tuple[Array, Array], k: Array, v: Array, start: Array,
+                 layout: str) -> tuple[tuple[Array, Array], Array, Array]:
+    """(the cache with k and v [B, T, KV, D] written from slot `start`, its keys and values
+    as [B, S, KV, D] for `layers.attend`). With "bksd" the new rows are transposed (T of
+    them) and the cache is read through a transpose that XLA folds into the attention
+    dots, which read [B, KV, S, D]: the cache itself is never re-laid out."""
+    axis = 2 if layout == "bksd" else 1
+    new = (k, v) if layout == "bskd" else (k.swapaxes(1, 2), v.swapaxes(1, 2))
+    cache = tuple(jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), start, axis=axis)
+                  for c, n in zip(cache, new))
+    k, v = cache if layout == "bskd" else (c.swapaxes(1, 2) for c in cache)
+    return cache, k, v
 
 
 class Block(nnx.Module):
@@ -182,10 +194,11 @@ class Transformer(nnx.Module):
                                                   rngs=rngs)
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
-        """Zeroed keys and values for `max_len` positions, in the computation dtype."""
+        """Zeroed keys and values for `max_len` positions, in the computation dtype and the
+        config's layout (`ModelConfig.kv_layout`)."""
         cfg = self.cfg
         dtype = cfg.dtype or cfg.param_dtype
-        shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+        shape = cfg.cache_shape(batch, max_len)
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                      for _ in range(cfg.n_layers))
 
