@@ -6,12 +6,15 @@
 
 Per preset (d_model, q heads, kv heads, head_dim of Qwen3-0.6B, Qwen3-4B, Gemma-3-1B: the
 QK-norm presets of bench/model_suite.py) x M = 1, 8, 64 rows (the batch, one position per
-row), four variants, each returning (q, k, v) in the standard head layout:
+row), four or five variants, each returning (q, k, v) in the standard head layout:
 
 - "attention input kernel": one launch with the input gain folded (the row statistic in the
   kernel), QK-norm and RoPE in the epilogue, the weights as stored and cos/sin given (one
   table per step, shared by every layer; `rope_tables`);
 - "kernel, gain unfolded": the same with the input gain given: XLA scales x first;
+- "kernel, K split in a cluster" (head_dim 128): the folded kernel with each head's K split
+  over the CTAs of a cluster, as many as fill the SMs (at most 8), rank 0 summing the
+  partials before the QK-norm and RoPE (the input statistic then one XLA reduction);
 - "stock": what the stock model runs (jaxnorm/models: Block._qkv then Attention.__call__):
   RMSNorm with its gain (OffsetRMSNorm's flax convention: float32, cast to bf16), three bf16
   dots, per-head q_norm and k_norm (the same convention, Gemma's 1 + g where the preset has
@@ -53,6 +56,7 @@ FLOOR_TOLERANCE = 2**-6
 TABLE_PATH = Path(__file__).resolve().parents[1] / "jaxnorm/backends/decode_attention_measured.py"
 KERNEL, UNFOLDED, STOCK, FLOOR = ("attention input kernel", "kernel, gain unfolded", "stock",
                                   "three dots")
+CLUSTER = "kernel, K split in a cluster"
 
 
 class Preset(NamedTuple):
@@ -156,12 +160,36 @@ def floor(a: Inputs, p: Preset):
     return a.x @ a.w_q, a.x @ a.w_k, a.x @ a.w_v
 
 
-def variants(p: Preset, config, interpret: bool) -> dict[str, Callable[[Inputs], Any]]:
-    return {KERNEL: functools.partial(kernel, p=p, unfolded=False, config=config,
-                                      interpret=interpret),
-            UNFOLDED: functools.partial(kernel, p=p, unfolded=True, config=config,
-                                        interpret=interpret),
-            STOCK: functools.partial(stock, p=p), FLOOR: functools.partial(floor, p=p)}
+def variants(p: Preset, config, interpret: bool,
+             cluster_config=None) -> dict[str, Callable[[Inputs], Any]]:
+    """The kernel (gain folded, unfolded), with `cluster_config` also the folded kernel with
+    each head's K splits in a cluster, stock, and the floor."""
+    fns = {KERNEL: functools.partial(kernel, p=p, unfolded=False, config=config,
+                                     interpret=interpret),
+           UNFOLDED: functools.partial(kernel, p=p, unfolded=True, config=config,
+                                       interpret=interpret)}
+    if cluster_config is not None:
+        fns[CLUSTER] = functools.partial(kernel, p=p, unfolded=False, config=cluster_config,
+                                         interpret=interpret)
+    return {**fns, STOCK: functools.partial(stock, p=p), FLOOR: functools.partial(floor, p=p)}
+
+
+def cluster_config(m: int, p: Preset, *, sms: int, interpret: bool):
+    """The kernel's config with each head's K split over as many CTAs of a cluster (at most 8,
+    2 under the interpreter) as fill the SMs with units; None at head_dim 256 (its partials
+    and tables exceed shared memory) or where K allows no split."""
+    from pallas_kernels import decode_attention_input as dai
+    from pallas_kernels import decode_config as dc
+    from pallas_kernels import hardware
+
+    heads = p.n_heads + 2 * p.n_kv_heads
+    limit = hardware.INTERPRET_MAX_CLUSTER if interpret else hardware.MAX_CLUSTER
+    split = min(limit, p.d_model // 64, max(2, sms // heads))
+    if p.head_dim != 128 or split < 2:
+        return None
+    return dc.deepest(dc.DecodeConfig(tile_n=p.head_dim // 2, split_k=split,
+                                      reduction="cluster"), 2, streams=2,
+                      extra=dai.constants_bytes(p.head_dim))
 
 
 def judge(label: str, outs, a: Inputs, p: Preset) -> dict[str, Any]:
@@ -177,7 +205,7 @@ def judge(label: str, outs, a: Inputs, p: Preset) -> dict[str, Any]:
             errors.append(float(np.max(np.abs(np.asarray(y, np.float64) - ref)
                                        / (np.abs(ref) + rms))))
         return dict(error=max(errors), correct=max(errors) <= FLOOR_TOLERANCE)
-    scale = None if label == KERNEL else a.gain
+    scale = None if label in (KERNEL, CLUSTER) else a.gain  # the folded kernels
     ratio = rope.check_attention_input(
         *outs, a.x, scale, a.w_q, a.w_k, a.w_v, *_qk_gains(a, p), a.cos, a.sin,
         head_dim=p.head_dim, eps=EPS, scale_offset=p.qk_offset, qk_eps=EPS,
@@ -198,12 +226,13 @@ def measure_shape(m: int, p: Preset, *, repeats: int, interpret: bool,
         sum(a.nbytes for a in jax.tree.leaves(first)))
     arg_sets = [(first,)] + [(inputs(jax.random.fold_in(key, c), m, p),)
                              for c in range(1, copies)]
-    fns = variants(p, config, interpret)
+    split = cluster_config(m, p, sms=sms, interpret=interpret)
+    fns = variants(p, config, interpret, split)
     entries = []
     for label, fn in fns.items():
         entry: dict[str, Any] = dict(label=label)
-        if label in (KERNEL, UNFOLDED):
-            entry["config"] = dataclasses.asdict(config)
+        if label in (KERNEL, UNFOLDED, CLUSTER):
+            entry["config"] = dataclasses.asdict(split if label == CLUSTER else config)
         try:
             entry.update(judge(label, jax.jit(fn)(first), first, p))
         except Exception as err:  # a wrong or failing variant is reported, not timed
@@ -220,16 +249,19 @@ def table(rows: list[dict[str, Any]]) -> report.TextTable:
     lines = []
     for row in rows:
         e = {v["label"]: v for v in row["variants"]}
+        split = e.get(CLUSTER, {})
         lines.append([
             row["preset"], str(row["m"]), report.fmt(e[KERNEL].get("us")),
-            report.fmt(e[UNFOLDED].get("us")), report.fmt(e[STOCK].get("us")),
+            report.fmt(e[UNFOLDED].get("us")), report.fmt(split.get("us")),
+            report.fmt(e[STOCK].get("us")),
             report.fmt(e[FLOOR].get("us")), report.fmt(e[KERNEL].get("vs_stock"), 2),
-            report.fmt(e[UNFOLDED].get("vs_stock"), 2), report.fmt(e[KERNEL].get("vs_floor"), 2),
-            report.fmt(e[KERNEL].get("tb_s"), 2)])
+            report.fmt(e[UNFOLDED].get("vs_stock"), 2), report.fmt(split.get("vs_stock"), 2),
+            report.fmt(e[KERNEL].get("vs_floor"), 2), report.fmt(e[KERNEL].get("tb_s"), 2)])
     return report.TextTable(
         "decode attention input: one kernel (norm, q/k/v, QK-norm, RoPE) vs XLA",
-        ["preset", "M", "kernel us", "unfolded us", "stock us", "three dots us",
-         "kernel/stock", "unfolded/stock", "kernel/floor", "kernel TB/s"], lines,
+        ["preset", "M", "kernel us", "unfolded us", "K split us", "stock us", "three dots us",
+         "kernel/stock", "unfolded/stock", "K split/stock", "kernel/floor", "kernel TB/s"],
+        lines,
         left_columns=2)
 
 

@@ -16,10 +16,14 @@ float32, one row per position: `rope_tables`) and the QK-norm gains are staged i
 once per CTA.
 Each half is stored back to its columns: q, k, v come out in the standard head layout.
 
-split_k is 1 (the norm needs a head's whole dot), so the heads are the parallelism:
-n_heads + 2 n_kv_heads units, one head each. The input norm's row scale comes as the
-decode gated kernel's does (`pallas_kernels.decode_gated`): given, taken in the kernel
-from the x tiles (gain folded or absent), or with the pass that scales x by a gain.
+The QK-norm needs a head's whole dot, so K is split only with the splits of a head in
+one cluster whose rank 0 sums them before the epilogue (`reduction="cluster"`; head_dim
+128 only: at 256 the two [64, 128] float32 partials and cos and sin exceed a CTA's
+shared memory); unsplit,
+the heads are the parallelism: n_heads + 2 n_kv_heads units, one head each (six for
+Gemma-3-1B, of 132 SMs). The input norm's row scale comes as the decode gated kernel's
+does (`pallas_kernels.decode_gated`): given, taken in the kernel from the x tiles (gain
+folded or absent, unsplit), or with the pass that scales x by a gain.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jax import lax
 from pallas_kernels import decode_kernel, hardware
 from pallas_kernels.decode_config import EPI_N, MAX_ROWS, DecodeConfig, check_shapes, deepest
 from pallas_kernels.errors import Unsupported
+from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.row_stats import safe_rsqrt
 
 __all__ = ["HEAD_DIMS", "attention_input_config", "constants_bytes", "decode_attention_input", "rope_tables"]
@@ -83,10 +88,13 @@ def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: Decod
         if w.ndim != 2 or w.shape[1] % hd:
             raise ValueError(f"{name} {w.shape} must be [K, heads * head_dim={hd}]")
     check_shapes(x, list(weights), config, streams=2, extra=constants_bytes(hd))
-    if config.tile_n != hd // 2 or config.split_k != 1 or config.warpgroups != 1:
-        raise Unsupported(f"tile_n={config.tile_n}, split_k={config.split_k}, warpgroups="
-                          f"{config.warpgroups}: must be head_dim/2 = {hd // 2}, 1 and 1 (a unit"
-                          " holds one whole head; the norm is not linear in partial sums over K)")
+    if config.tile_n != hd // 2 or config.warpgroups != 1:
+        raise Unsupported(f"tile_n={config.tile_n}, warpgroups={config.warpgroups}: must be "
+                          f"head_dim/2 = {hd // 2} and 1 (a unit holds one whole head)")
+    if config.split_k != 1 and not config.cluster_splits:
+        raise Unsupported(f"split_k={config.split_k} must be 1 unless the splits are summed in "
+                          "the cluster (reduction='cluster'): the QK-norm is not linear in "
+                          "partial sums over K")
     m = x.shape[0]
     if (q_gain is None) != (k_gain is None):
         raise ValueError("q_gain and k_gain: both (QK-norm) or neither (none)")
@@ -138,6 +146,8 @@ def decode_attention_input(
         config = attention_input_config(m, k, sum(heads), hd, sms=hardware.num_sms(),
                                         itemsize=jnp.dtype(x.dtype).itemsize)
     _check(x, weights, hd, config, q_gain, k_gain, cos, sin)
+    if row_scale is None and config.cluster_splits:  # no unit sees all of K
+        row_scale = rms_row_scale(x, eps)
     x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
                                          row_scale=row_scale, eps=eps)
     qk_norm = q_gain is not None

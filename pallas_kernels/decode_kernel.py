@@ -601,8 +601,8 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
     """The launch: `weights` output-major (each output's `plan.streams` weights together)."""
     if plan.head_halves and (plan.streams != 2 or config.warpgroups != 1):
         raise ValueError("head_halves needs two streams and one MMA warpgroup")
-    if config.cluster_splits and (plan.row_scale == "in_kernel" or plan.head_halves):
-        raise ValueError("reduction='cluster' takes a given row scale and whole output tiles")
+    if config.cluster_splits and plan.row_scale == "in_kernel":
+        raise ValueError("reduction='cluster' takes a given row scale: no unit sees all of K")
     if plan.residual and (len(weights) != 1 or config.partials_out
                           or weights[0].shape[1] % config.cta_tile_n):
         raise Unsupported(f"a residual epilogue takes one weight whose N is whole CTA tiles "

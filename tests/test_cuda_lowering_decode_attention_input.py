@@ -61,3 +61,17 @@ def test_every_candidate_tile_lowers(hd):
 def test_lowers_without_qk_norm_at_llama3_8b(m, gain):
     """Llama-3-8B's attention input (32/8 heads of 128, no QK-norm): RoPE alone."""
     _lower(m, 4096, 32, 8, 128, 0.0, gain=gain, qk_norm=False)
+
+
+@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize("m", [1, 8, 64])
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p[4] == 128] + [
+    ("llama3-8b", 4096, 32, 8, 128, 0.0)], ids=lambda p: p[0])
+def test_cluster_splits_lower(m, preset, split):
+    """Each head's K splits in a cluster, rank 0 summing both halves' partials through DSMEM
+    (which the interpreter cannot run) before the QK-norm and RoPE."""
+    _, d, n_q, n_kv, hd, qk_offset = preset
+    config = dc.deepest(dc.DecodeConfig(tile_n=hd // 2, split_k=split, reduction="cluster"), 2,
+                        streams=2, extra=dai.constants_bytes(hd))
+    _lower(m, d, n_q, n_kv, hd, qk_offset, gain=False, config=config,
+           qk_norm=preset[0] != "llama3-8b")

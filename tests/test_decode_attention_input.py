@@ -81,6 +81,27 @@ def test_decode_attention_input_matches_float64(case, rng):
     assert _judge(outs, inputs, hd, scale_offset=scale_offset, qk_offset=qk_offset) <= 1.0
 
 
+# (M, K, q heads, kv heads, head_dim, input gain, qk_offset): each head's K splits summed
+# in a cluster of 2 before the QK-norm and RoPE; the input statistic from XLA (no unit sees
+# all of K) or from the pass that scales x by the gain.
+CLUSTER_CASES = {
+    "M1_hd128": (1, 256, 2, 1, 128, None, 0.0),
+    "M8_hd128_gemma": (8, 256, 4, 1, 128, "gemma", 1.0),
+    "M64_hd128_plain_gain": (64, 192, 3, 1, 128, "plain", 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CLUSTER_CASES))
+def test_cluster_splits_match_float64(case, rng):
+    m, k, n_q, n_kv, hd, gain, qk_offset = CLUSTER_CASES[case]
+    inputs = _inputs(rng, m, k, n_q, n_kv, hd, gain=gain, qk_offset=qk_offset)
+    scale_offset = 1.0 if gain == "gemma" else 0.0
+    config = dc.DecodeConfig(tile_n=hd // 2, stages=2, split_k=2, reduction="cluster")
+    outs = _run(inputs, hd, config=config, scale_offset=scale_offset, qk_offset=qk_offset)
+    assert_race_free()
+    assert _judge(outs, inputs, hd, scale_offset=scale_offset, qk_offset=qk_offset) <= 1.0
+
+
 @pytest.mark.parametrize("m, hd, gain", [(1, 128, None), (7, 256, "plain"), (64, 128, None)])
 def test_without_qk_norm_rotates_the_products(m, hd, gain, rng):
     """Llama's attention input: no QK-norm gains, q and k only rotated (the judge would
@@ -134,11 +155,16 @@ def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
 @pytest.mark.parametrize("change, error, reason", [
     (dict(_args(hd=64)), Unsupported, "head_dim=64 must be 128 or 256"),
     (dict(config=dc.DecodeConfig(tile_n=128, stages=2)), Unsupported,
-     "tile_n=128, split_k=1, warpgroups=1: must be head_dim/2 = 64"),
+     "tile_n=128, warpgroups=1: must be head_dim/2 = 64"),
     (dict(config=dc.DecodeConfig(tile_n=64, stages=2, warpgroups=2)), Unsupported,
      "warpgroups=2: must be"),
-    (dict(config=dc.DecodeConfig(tile_n=64, split_k=2, stages=2)), Unsupported, "split_k=2"),
+    (dict(config=dc.DecodeConfig(tile_n=64, split_k=2, stages=2)), Unsupported,
+     "split_k=2 must be 1 unless"),
     (dict(_args(hd=256), config=dc.DecodeConfig(tile_n=128, stages=2, warpgroups=2)),
+     Unsupported, "more shared memory"),
+    # head_dim 256 in a cluster: the partials beside cos and sin as [64, 128] float32 tiles.
+    (dict(_args(hd=256), config=dc.DecodeConfig(tile_n=128, stages=2, split_k=2,
+                                               reduction="cluster")),
      Unsupported, "more shared memory"),
     (dict(x=jnp.zeros((65, 128), BF16), cos=jnp.ones((65, 64)), sin=jnp.ones((65, 64))),
      Unsupported, "M=65 must be in"),

@@ -791,8 +791,9 @@ DECODE_ATTENTION_ROWS = (1, 8, 64)
 
 
 def decode_attention_input_cases() -> list[tuple[str, str, Callable[[], str]]]:
-    """correct (every preset and M; gain folded, and unfolded at M = 8), NaN isolated and
-    repeatable (M = 8) for the decode attention-input kernel, judged by verify.rope."""
+    """correct (every preset and M; gain folded, and unfolded at M = 8; and with each head's
+    K split in a cluster at head_dim 128), NaN isolated and repeatable (M = 8) for the decode
+    attention-input kernel, judged by verify.rope."""
     from bench import decode_attention_bench as dab
 
     cases = []
@@ -800,14 +801,24 @@ def decode_attention_input_cases() -> list[tuple[str, str, Callable[[], str]]]:
         d, n_q, n_kv = _size((preset.d_model, preset.n_heads, preset.n_kv_heads), (128, 2, 1))
         p = preset._replace(d_model=d, n_heads=n_q, n_kv_heads=n_kv)
         for m in DECODE_ATTENTION_ROWS:
-            for unfolded in (False, True) if m == 8 else (False,):
+            forms = ["folded", "unfolded"] if m == 8 else ["folded"]
+            split = dab.cluster_config(m, p, sms=hardware.num_sms(), interpret=INTERPRET)
+            if split is not None and m in (1, 8):
+                forms.append("cluster")
+            for form in forms:
+                unfolded = form == "unfolded"
+                config = split if form == "cluster" else None
                 label = (f"decode attention input {p.name} {m}x{p.d_model} "
                          f"{p.n_heads}/{p.n_kv_heads}x{p.head_dim} "
-                         f"{'gain unfolded' if unfolded else 'gain folded'}")
-                variant = dab.UNFOLDED if unfolded else dab.KERNEL
+                         + {"folded": "gain folded", "unfolded": "gain unfolded",
+                            "cluster": f"gain folded, K split {config.split_k if config else 0} "
+                                       "in a cluster"}[form])
+                variant = {"folded": dab.KERNEL, "unfolded": dab.UNFOLDED,
+                           "cluster": dab.CLUSTER}[form]
 
-                def run(a, p=p, unfolded=unfolded):
-                    return dab.kernel(a, p, unfolded=unfolded, config=None, interpret=INTERPRET)
+                def run(a, p=p, unfolded=unfolded, config=config):
+                    return dab.kernel(a, p, unfolded=unfolded, config=config,
+                                      interpret=INTERPRET)
 
                 def judge(a, p=p, run=run, variant=variant):
                     return f"err/tol {dab.judge(variant, run(a), a, p)['err_tol']:.3f}"
