@@ -144,8 +144,9 @@ def test_automatic_dispatch_on_cpu_falls_back_with_a_reason(rng):
 
 
 TABLE = dict(PROVENANCE={"sms": 132},
-             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95), ((1, 2048, 16, 8, 128), 0.60, None)),
-             ENTRIES_WITHOUT_QK_NORM=(((1, 4096, 32, 8, 128), 0.70, 0.80),))
+             ENTRIES=(((1, 1024, 16, 8, 128), 0.40, 0.95, None),
+                      ((1, 2048, 16, 8, 128), 0.60, None, None)),
+             ENTRIES_WITHOUT_QK_NORM=(((1, 4096, 32, 8, 128), 0.70, 0.80, None),))
 
 
 @pytest.fixture
@@ -194,7 +195,7 @@ def test_a_model_measured_slower_declines_where_the_op_measured_faster(
     # Both gain modes measured fast alone; the model measured the folded one slower.
     monkeypatch.setattr(mai.decode_attention_measured, "PROVENANCE", {"sms": 132})
     monkeypatch.setattr(mai.decode_attention_measured, "ENTRIES",
-                        (((1, 1024, 16, 8, 128), 0.40, 0.50),))
+                        (((1, 1024, 16, 8, 128), 0.40, 0.50, None),))
     monkeypatch.setattr(mai, "SLOWER_IN_THE_MODEL",
                         {((1, 1024, 16, 8, 128), "folded"): "step 1.02x stock with it"})
     monkeypatch.setattr(hardware, "num_sms", lambda: 132)
@@ -255,3 +256,22 @@ def test_a_declined_decode_step_computes_what_the_unfused_layers_did(monkeypatch
     assert "no measured shape" in dispatch.fallback_reasons()[jaxnorm.attention_input.OP]
     monkeypatch.setattr(layers, "fuses_attention_input", lambda cfg: False)
     np.testing.assert_array_equal(step(), through_the_op)
+
+
+def test_the_op_runs_the_config_its_measured_ratio_is_of(rng, monkeypatch):
+    """At decode the kernel runs the nearest measured shape's fastest folded config (here each
+    head's K split in a cluster of 2); right against float64 with it."""
+    fields = dict(tile_n=64, tile_k=64, split_k=2, stages=2, warpgroups=1, reduction="cluster")
+    monkeypatch.setattr(mai.decode_attention_measured, "PROVENANCE", {"sms": 132})
+    monkeypatch.setattr(mai.decode_attention_measured, "ENTRIES",
+                        (((8, 128, 2, 1, 128), 0.5, 0.6, fields),))
+    monkeypatch.setattr(hardware, "num_sms", lambda: 132)
+    configs = []
+    original = mai.decode_attention_input.decode_attention_input
+    monkeypatch.setattr(mai.decode_attention_input, "decode_attention_input",
+                        lambda *a, **kw: configs.append(kw["config"]) or original(*a, **kw))
+    a = _inputs(rng, (2, 4), 128, 2, 1, 128, folded=True)
+    outs = _call(a, 128, "interpret")
+    assert_race_free()
+    assert [(c.split_k, c.reduction) for c in configs] == [(2, "cluster")]
+    assert _judge(outs, a, 128) <= 1.0

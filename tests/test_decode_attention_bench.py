@@ -48,11 +48,15 @@ def test_stock_matches_the_float64_attention_input(preset):
 
 
 def test_the_table_module_holds_each_shapes_ratios():
-    """--write-table: per (M, K, heads, kv heads, head_dim) both kernels' ratios to stock, None
-    where a variant was not timed; a later run's row of one shape wins; rows without QK-norm
-    (Llama) in their own table (runs before that field: QK-norm)."""
+    """--write-table: per (M, K, heads, kv heads, head_dim) the fastest folded kernel's ratio to
+    stock and config, and the unfolded kernel's ratio, None where a variant was not timed; a
+    later run's row of one shape wins; rows without QK-norm (Llama) in their own table (runs
+    before that field: QK-norm)."""
     shape = dict(name="qwen3-0.6b", d_model=1024, n_heads=16, n_kv_heads=8, head_dim=128)
-    timed = [dict(label=dab.KERNEL, vs_stock=0.4), dict(label=dab.UNFOLDED, vs_stock=0.45),
+    one = dict(tile_n=64, tile_k=64, split_k=1, stages=7, warpgroups=1)
+    split = dict(one, split_k=4, stages=3, reduction="cluster")
+    timed = [dict(label=dab.KERNEL, vs_stock=0.4, config=one),
+             dict(label=dab.UNFOLDED, vs_stock=0.45, config=one),
              dict(label=dab.STOCK, vs_stock=1.0)]
     env = dict(date_utc="2026-12-02", devices=["NVIDIA H200"])
     first = dict(environment=env, sms=132, rows=[dict(preset="q", m=1, shape=shape,
@@ -63,14 +67,20 @@ def test_the_table_module_holds_each_shapes_ratios():
     namespace: dict = {}
     exec(decode_table_writer.attention_table_source([first, later], "cmd", "abc"), namespace)
     assert namespace["PROVENANCE"]["commit"] == "abc" and namespace["PROVENANCE"]["sms"] == 132
-    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.39, None),
-                                    ((8, 1024, 16, 8, 128), 0.4, 0.45))
+    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.39, None, one),
+                                    ((8, 1024, 16, 8, 128), 0.4, 0.45, one))
     assert namespace["ENTRIES_WITHOUT_QK_NORM"] == ()
     llama = dict(shape, name="llama3-8b", d_model=4096, n_heads=32, qk_norm=False)
     runs = [first, dict(later, rows=[dict(preset="l", m=1, shape=llama, variants=timed)])]
     namespace = {}
     exec(decode_table_writer.attention_table_source(runs, "cmd", "abc"), namespace)
-    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.4, 0.45),)
-    assert namespace["ENTRIES_WITHOUT_QK_NORM"] == (((1, 4096, 32, 8, 128), 0.4, 0.45),)
+    assert namespace["ENTRIES"] == (((1, 1024, 16, 8, 128), 0.4, 0.45, one),)
+    assert namespace["ENTRIES_WITHOUT_QK_NORM"] == (((1, 4096, 32, 8, 128), 0.4, 0.45, one),)
+    # A faster K split in a cluster is the folded entry: its ratio and config.
+    runs = [dict(first, rows=[dict(preset="q", m=8, shape=shape, variants=timed + [
+        dict(label=dab.CLUSTER, vs_stock=0.3, config=split)])])]
+    namespace = {}
+    exec(decode_table_writer.attention_table_source(runs, "cmd", "abc"), namespace)
+    assert namespace["ENTRIES"] == (((8, 1024, 16, 8, 128), 0.3, 0.45, split),)
     with pytest.raises(ValueError, match="--smoke"):
         decode_table_writer.attention_table_source([dict(first, smoke=True)], "cmd", "abc")

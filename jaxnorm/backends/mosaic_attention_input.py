@@ -18,7 +18,7 @@ from jaxnorm.backends import decode_attention_measured
 from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check, nearest_measured
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import decode_attention_input
-from pallas_kernels.decode_config import MAX_ROWS
+from pallas_kernels.decode_config import MAX_ROWS, DecodeConfig
 
 Array = jax.Array
 _RESULTS = "bench/results/2026-12-01-decode"
@@ -46,23 +46,35 @@ def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Arr
                              eps: float, qk_eps: float, scale_offset: float,
                              interpret: bool) -> tuple[Array, Array, Array]:
     x = _check(x, (w_q, w_k, w_v), OP, interpret)
+    (m, k), heads, kv_heads = x.shape, w_q.shape[1] // head_dim, w_k.shape[1] // head_dim
+    entry = (_nearest_entry(m, k, heads, kv_heads, head_dim, q_scale is not None)
+             if m <= MAX_ROWS else None)
     return decode_attention_input.decode_attention_input(
         x, (w_q, w_k, w_v), head_dim=head_dim, q_gain=q_scale, k_gain=k_scale, cos=cos,
         sin=sin, qk_eps=qk_eps, qk_offset=scale_offset, eps=eps, scale=scale,
         scale_offset=scale_offset,
         row_scale=None if stats is None else row_stats.rms_inverse(stats, eps),
-        interpret=interpret)
+        config=_measured_config(entry, k), interpret=interpret)
+
+
+def _measured_config(entry, k: int) -> DecodeConfig | None:
+    """The nearest measured shape's fastest folded config (the one its ratio is of) where it
+    fits K; else None (the kernel's own pick)."""
+    if entry is None or entry[3] is None:
+        return None
+    config = DecodeConfig(**entry[3])
+    return config if config.split_k <= k // config.tile_k else None
 
 
 def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):
-    """The measured entry of this head_dim and QK-norm within 2x of (M, K, q/k/v width),
-    nearest in log2."""
+    """(shape, folded ratio, unfolded ratio, config fields) of the measured entry of this
+    head_dim and QK-norm within 2x of (M, K, q/k/v width), nearest in log2; None if none."""
     table = (decode_attention_measured.ENTRIES if qk_norm
              else decode_attention_measured.ENTRIES_WITHOUT_QK_NORM)
     return nearest_measured(
         decode_attention_measured.PROVENANCE, (m, k, (heads + 2 * kv_heads) * head_dim),
-        (((em, ek, (eh + 2 * ekv) * ehd), ((em, ek, eh, ekv, ehd), folded, unfolded))
-         for (em, ek, eh, ekv, ehd), folded, unfolded in table if ehd == head_dim))
+        (((em, ek, (eh + 2 * ekv) * ehd), ((em, ek, eh, ekv, ehd), folded, unfolded, config))
+         for (em, ek, eh, ekv, ehd), folded, unfolded, config in table if ehd == head_dim))
 
 
 @decline_automatic(OP)
@@ -82,7 +94,7 @@ def _not_measured_faster(x, scale, w_q, w_k, w_v, q_scale, *args, head_dim: int,
         return (f"{where} the attention-input kernel has no measured shape within 2x "
                 "(jaxnorm/backends/decode_attention_measured.py, "
                 "bench/decode_attention_bench.py); impl='mosaic' forces it")
-    shape, folded, unfolded = entry
+    shape, folded, unfolded, _ = entry
     gain = "folded" if scale is None else "unfolded"
     ratio = folded if scale is None else unfolded
     if qk_norm and (shape, gain) in SLOWER_IN_THE_MODEL:
