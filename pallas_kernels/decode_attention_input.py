@@ -23,7 +23,8 @@ shared memory); unsplit,
 the heads are the parallelism: n_heads + 2 n_kv_heads units, one head each (six for
 Gemma-3-1B, of 132 SMs). The input norm's row scale comes as the decode gated kernel's
 does (`pallas_kernels.decode_gated`): given, taken in the kernel from the x tiles (gain
-folded or absent, unsplit), or with the pass that scales x by a gain.
+folded or absent; split, each split's squares summed with the partials), or with the pass
+that scales x by a gain.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from jax import lax
 from pallas_kernels import decode_kernel, hardware
 from pallas_kernels.decode_config import EPI_N, MAX_ROWS, DecodeConfig, check_shapes, deepest
 from pallas_kernels.errors import Unsupported
-from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.row_stats import safe_rsqrt
 
 __all__ = ["HEAD_DIMS", "attention_input_config", "constants_bytes", "decode_attention_input", "rope_tables"]
@@ -146,8 +146,6 @@ def decode_attention_input(
         config = attention_input_config(m, k, sum(heads), hd, sms=hardware.num_sms(),
                                         itemsize=jnp.dtype(x.dtype).itemsize)
     _check(x, weights, hd, config, q_gain, k_gain, cos, sin)
-    if row_scale is None and config.cluster_splits:  # no unit sees all of K
-        row_scale = rms_row_scale(x, eps)
     x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
                                          row_scale=row_scale, eps=eps)
     qk_norm = q_gain is not None

@@ -86,11 +86,12 @@ def epi_tile_n(config: DecodeConfig, itemsize: int) -> int:
 
 def cluster_partial_bytes(config: DecodeConfig, streams: int = 1) -> int:
     """Shared memory of a cluster rank's split-K partials, one [64, tile_n] float32 tile per
-    stream and MMA warpgroup, that rank 0 reads through DSMEM, and its two cluster barriers
-    (1 KiB with alignment) (`reduction="cluster"`); else 0."""
+    stream and MMA warpgroup (and a [64] sum of squares each), that rank 0 reads through
+    DSMEM, and its two cluster barriers (1 KiB with alignment) (`reduction="cluster"`);
+    else 0."""
     if not config.cluster_splits:
         return 0
-    return streams * config.warpgroups * MAX_ROWS * config.tile_n * 4 + 1024
+    return config.warpgroups * MAX_ROWS * (streams * config.tile_n + 1) * 4 + 1024
 
 
 def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:

@@ -18,8 +18,8 @@ r = rsqrt(mean(x^2) + eps) for the epilogue, so no XLA pass reads x. That holds
 when the gain is folded into both weights (`jaxnorm.fold`) or absent; a gain
 that is not folded still scales x in one XLA pass (M*K elements, the smaller
 operand), which takes r of the unscaled x in the same pass. `row_scale` (from a
-previous kernel's statistics) skips both. With the splits in a cluster no unit sees
-all of K, so r comes from `row_scale` or one XLA row reduction.
+previous kernel's statistics) skips both. With the splits in a cluster each split sums
+its share of the squares and rank 0 adds them with the partials.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from pallas_kernels.decode_config import (MAX_ROWS, DecodeConfig, check_shapes,
                                           gated_decode_config)
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gated_matmul import ACTIVATIONS
-from pallas_kernels.lazy_norm_matmul import rms_row_scale
 
 __all__ = ["MAX_ROWS", "check_decode_gated_shapes", "decode_gated_rms_matmul",
            "gated_decode_config"]
@@ -93,8 +92,6 @@ def decode_gated_rms_matmul(
         config = gated_decode_config(m, k, n, sms=hardware.num_sms(),
                                      itemsize=jnp.dtype(x.dtype).itemsize)
     check_decode_gated_shapes(x, w_gate, w_up, config)
-    if row_scale is None and config.cluster_splits:  # no unit sees all of K
-        row_scale = rms_row_scale(x, eps)
     x, rows = decode_kernel.scaled_input(x, scale=scale, scale_offset=scale_offset,
                                          row_scale=row_scale, eps=eps)
     has_bias = gate_bias is not None or up_bias is not None

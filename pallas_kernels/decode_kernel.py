@@ -31,8 +31,8 @@ add a residual and write the rows' statistics of the sum (`Plan.residual`): the 
 stream's GEMM at decode in one launch.
 
 A step counter runs across a CTA's units, so the pipeline never drains between
-them. The row statistic in-kernel (S = 1 only, where a unit sees all of K): the
-x tile is read from shared memory in the WGMMA layout, the one Mosaic loads a
+them. The row statistic in-kernel (S = 1, where a unit sees all of K, or a cluster
+whose ranks' sums of squares rank 0 adds with the partials): the x tile is read from shared memory in the WGMMA layout, the one Mosaic loads a
 128-byte-swizzled tile into and reduces along rows inside a warp; it needs 64
 rows, so rows past the box (never written) are read too and reach only output
 rows that are never stored. Knobs and selection: pallas_kernels/decode_config.py.
@@ -115,8 +115,8 @@ def x_box_rows(m: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What one launch computes besides its tiles. `row_scale`: "given" (an [M] float32
-    input), "in_kernel" (from the x tiles, with `eps`; split_k = 1) or None (split-K
-    partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue.
+    input), "in_kernel" (from the x tiles, with `eps`; split_k = 1 or a cluster) or None
+    (split-K partials); `n_tiles`: each output's N tiles; `combine`: the streams' epilogue.
     `constants`: shapes of float32 inputs staged into SMEM once per CTA (an [M, C] one as
     x's box of rows), read only by `epilogue`, which replaces the built-in epilogue (split_k
     = 1): called once per unit with its `Unit`. `head_halves` (two streams, one warpgroup):
@@ -164,6 +164,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     out_gmems = [refs.pop(0) for _ in range(num_outputs)]
     stats_gmems = [refs.pop(0), refs.pop(0)] if plan.residual else None
     partials_gmem = refs.pop(0) if cluster and via_global else None
+    in_kernel = plan.row_scale == "in_kernel"
+    ssq_gmem = refs.pop(0) if cluster and via_global and in_kernel else None
     assert not refs, refs
 
     dtype, out_dtype = x_gmem.dtype, out_gmems[0].dtype
@@ -177,7 +179,6 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     # ranks take a tile's splits together.
     n_units = sum(n_tiles) if cluster else units(config, weights_n)
     n_starts = [sum(n_tiles[:i]) for i in range(num_outputs)]
-    in_kernel = plan.row_scale == "in_kernel"
 
     def unit_coords(u):
         """(global N tile, split, first K step, K steps) of unit u."""
@@ -213,6 +214,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
         if not via_global:
             scratch["partial_smem"] = plgpu.SMEM((streams, num_mma, MAX_ROWS, tile_n),
                                                  jnp.float32)
+            if in_kernel:  # each split's rows' sum of squares of its x tiles
+                scratch["partial_ssq_smem"] = plgpu.SMEM((num_mma, MAX_ROWS), jnp.float32)
         # Every rank's partials are published / rank 0 is done reading them.
         scratch["partial_ready"] = plgpu.ClusterBarrier(collective_axes=("split",),
                                                         num_arrivals=num_mma)
@@ -234,8 +237,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
 
     def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
              vec_ready=None, vec_free=None, const_ready=None, partial_smem=None,
-             partial_ready=None, partial_free=None, res_smem=None, stats_smem=None,
-             **streamed):
+             partial_ready=None, partial_free=None, partial_ssq_smem=None, res_smem=None,
+             stats_smem=None, **streamed):
         b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
         bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
                       if plan.has_bias else None)
@@ -316,7 +319,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
             exchange = PartialExchange(
                 smem=partial_smem, gmem=partials_gmem, ready=partial_ready, free=partial_free,
                 wg=wg_idx, cluster=lax.axis_index("sm"), splits=split,
-                gpu_fences=not via_global) if cluster else None
+                gpu_fences=not via_global, ssq_smem=partial_ssq_smem,
+                ssq_gmem=ssq_gmem) if cluster else None
             if row_gmem is not None:
                 plgpu.barrier_wait(row_ready)
             if plan.constants:
@@ -349,8 +353,11 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
 
                 acc_type = plgpu.ACC((MAX_ROWS, tile_n), jnp.float32)
                 accs, squares = pl.run_scoped(k_loop, *[acc_type] * streams)
+                # The rows' sum of squares of the x tiles this unit streamed (all of K, or its
+                # split's share until the cluster's are added).
+                row_ssq = jnp.sum(squares, axis=1) if in_kernel else None
                 if cluster:
-                    _publish_partial(accs, exchange, loop_info.local_index)
+                    _publish_partial(accs, exchange, loop_info.local_index, row_ssq)
                 biases = None
                 if plan.per_unit_inputs:
                     plgpu.barrier_wait(vec_ready.at[parity])
@@ -384,17 +391,17 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                 cols_left = sum(
                     jnp.where((tile >= lo) & (tile < lo + t), n - (tile - lo) * cta_n - wg_n0, 0)
                     for lo, t, n in zip(n_starts, n_tiles, weights_n))
-                scale_of = None
-                if row_smem is not None:
-                    def scale_of():
-                        return plgpu.load(row_smem, layout=plgpu.Layout.WGMMA.reduce(1))
-                elif in_kernel:
-                    def scale_of():
-                        return safe_rsqrt(jnp.sum(squares, axis=1) * (1.0 / k) + plan.eps)
                 def finish_unit():
-                    nonlocal accs
+                    nonlocal accs, row_ssq
                     if cluster:
-                        accs = _add_peer_partials(accs, exchange)
+                        accs, row_ssq = _add_peer_partials(accs, exchange, row_ssq)
+                    scale_of = None
+                    if row_smem is not None:
+                        def scale_of():
+                            return plgpu.load(row_smem, layout=plgpu.Layout.WGMMA.reduce(1))
+                    elif in_kernel:
+                        def scale_of():
+                            return safe_rsqrt(row_ssq * (1.0 / k) + plan.eps)
                     if plan.epilogue is not None:
                         scale = None if scale_of is None else scale_of()
 
@@ -443,6 +450,10 @@ class PartialExchange(NamedTuple):
     cluster: Array
     splits: int
     gpu_fences: bool
+    # With the row statistic in the kernel: the rows' sum of squares of each split's x tiles,
+    # [warpgroups, 64] in SMEM or [clusters, splits, warpgroups, 64] in the global scratch.
+    ssq_smem: Any = None
+    ssq_gmem: Any = None
 
 
 def _cluster_fence(ex: PartialExchange) -> None:
@@ -457,10 +468,11 @@ def _wait_free(ex: PartialExchange) -> None:
     _cluster_fence(ex)
 
 
-def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array) -> None:
+def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array,
+                     row_ssq: Array | None = None) -> None:
     """Every rank's part of one round of the exchange, before rank 0 reads: ranks 1..S-1 store
-    their partials once rank 0 has read the previous ones (`free`), then every rank arrives
-    on and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
+    their partials (and `row_ssq`, [64]) once rank 0 has read the previous ones (`free`),
+    then every rank arrives on and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
     so none exits while a peer's arrival on it may still be on its way."""
     rank = lax.axis_index("split")
 
@@ -472,6 +484,11 @@ def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array)
                 ex.gmem[ex.cluster, rank, j, ex.wg] = acc
             else:
                 ex.smem[j, ex.wg] = acc
+        if row_ssq is not None:
+            if ex.ssq_gmem is not None:
+                ex.ssq_gmem[ex.cluster, rank, ex.wg] = row_ssq
+            else:
+                ex.ssq_smem[ex.wg] = row_ssq
         _cluster_fence(ex)
 
     plgpu.barrier_arrive(ex.ready)
@@ -483,30 +500,43 @@ def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array)
         plgpu.barrier_arrive(ex.free)
 
 
-def _add_peer_partials(accs: list[Array], ex: PartialExchange) -> list[Array]:
-    """Rank 0: its partials plus ranks 1..S-1's, then `free` for them to reuse their buffers."""
+def _add_peer_partials(accs: list[Array], ex: PartialExchange,
+                       row_ssq: Array | None = None) -> tuple[list[Array], Array | None]:
+    """Rank 0: its partials (and `row_ssq`) plus ranks 1..S-1's, then `free` for them to
+    reuse their buffers."""
+    row = plgpu.Layout.WGMMA.reduce(1)
     totals = []
     for j, acc in enumerate(accs):
         if ex.gmem is None:
-            totals.append(_plus_dsmem_partials(acc, ex.smem.at[j, ex.wg], ex.splits))
+            totals.append(_plus_dsmem_partials(acc, ex.smem.at[j, ex.wg], ex.splits,
+                                               plgpu.Layout.WGMMA, mgpu.WGMMA_LAYOUT))
             continue
         for peer in range(1, ex.splits):
             acc = acc + plgpu.load(ex.gmem.at[ex.cluster, peer, j, ex.wg],
                                    layout=plgpu.Layout.WGMMA, optimized=False)
         totals.append(acc)
+    if row_ssq is not None:
+        if ex.ssq_gmem is None:
+            row_ssq = _plus_dsmem_partials(row_ssq, ex.ssq_smem.at[ex.wg], ex.splits, row,
+                                           mgpu.WGMMA_ROW_LAYOUT)
+        else:
+            for peer in range(1, ex.splits):
+                row_ssq = row_ssq + plgpu.load(ex.ssq_gmem.at[ex.cluster, peer, ex.wg],
+                                               layout=row, optimized=False)
     _cluster_fence(ex)
     plgpu.barrier_arrive(ex.free)
     _wait_free(ex)
-    return totals
+    return totals, row_ssq
 
 
-def _plus_dsmem_partials(acc: Array, partial_smem, splits: int) -> Array:
-    """acc + the same [64, tile_n] SMEM tile of cluster ranks 1..splits-1, read through DSMEM.
+def _plus_dsmem_partials(acc: Array, partial_smem, splits: int, layout,
+                         mgpu_layout) -> Array:
+    """acc + the same SMEM buffer (acc's shape, float32, in `layout`: Mosaic GPU's
+    `mgpu_layout`) of cluster ranks 1..splits-1, read through DSMEM.
 
     Written against Mosaic GPU directly: `plgpu.cluster_ref` of a scratch buffer (which has
     an offset in shared memory) does not lower under warpgroup semantics in jax 0.11.2 (the
     peer ref's type loses the offset the load expects)."""
-    layout = plgpu.Layout.WGMMA
 
     @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), layout),
                        return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=layout))
@@ -515,7 +545,7 @@ def _plus_dsmem_partials(acc: Array, partial_smem, splits: int) -> Array:
             peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
                                                   mgpu_utils.c(peer, ir.IndexType.get()))
             total = total + mgpu.FragmentedArray.load_untiled(
-                peer_ref, layout=mgpu.WGMMA_LAYOUT, optimized=False)
+                peer_ref, layout=mgpu_layout, optimized=False)
         return total
 
     return emit(partial_smem, acc)
@@ -601,8 +631,6 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
     """The launch: `weights` output-major (each output's `plan.streams` weights together)."""
     if plan.head_halves and (plan.streams != 2 or config.warpgroups != 1):
         raise ValueError("head_halves needs two streams and one MMA warpgroup")
-    if config.cluster_splits and plan.row_scale == "in_kernel":
-        raise ValueError("reduction='cluster' takes a given row scale: no unit sees all of K")
     if plan.residual and (len(weights) != 1 or config.partials_out
                           or weights[0].shape[1] % config.cta_tile_n):
         raise Unsupported(f"a residual epilogue takes one weight whose N is whole CTA tiles "
@@ -628,6 +656,9 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
             out_types.append(jax.ShapeDtypeStruct(
                 (clusters, splits, plan.streams, config.warpgroups, MAX_ROWS, config.tile_n),
                 jnp.float32))
+            if plan.row_scale == "in_kernel":
+                out_types.append(jax.ShapeDtypeStruct(
+                    (clusters, splits, config.warpgroups, MAX_ROWS), jnp.float32))
     params = dict(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
     if plan.row_scale == "in_kernel":
         # The row sum of squares stays inside each warp (WGMMA layout): no SMEM scratch.
@@ -643,4 +674,5 @@ def build(x: Array, weights: Sequence[Array], out_types: Sequence[jax.ShapeDtype
     )
     if not via_global:
         return call
-    return lambda *args: call(*args)[:-1]  # the interpreter's exchange scratch
+    scratches = 1 + (plan.row_scale == "in_kernel")  # the interpreter's exchange scratch
+    return lambda *args: call(*args)[:-scratches]

@@ -65,8 +65,8 @@ def lazy_rms_decode_matmul(
 
     x: [M, K] bf16/f16 with M <= 64; weights: [K, N_i] of x's dtype (the norm's
     gain folded into x or W); row_scale: [M] float32 r, or None for
-    r = rsqrt(mean(x^2) + eps) of this x: in the kernel at split_k = 1, else one
-    XLA row reduction (`rms_row_scale`).
+    r = rsqrt(mean(x^2) + eps) of this x: in the kernel where it sums the K splits itself
+    (split_k = 1, or a cluster), else one XLA row reduction (`rms_row_scale`).
     """
     weights = tuple(weights)
     biases = tuple(biases) if biases is not None else (None,) * len(weights)
@@ -79,7 +79,7 @@ def lazy_rms_decode_matmul(
         raise ValueError(f"row_scale must be [M={m}]; got {row_scale.shape}")
     if len(biases) != len(weights):
         raise ValueError(f"biases: {len(biases)} given for {len(weights)} weights")
-    in_kernel = row_scale is None and config.split_k == 1
+    in_kernel = row_scale is None and not config.partials_out
     if row_scale is None and not in_kernel:
         row_scale = rms_row_scale(x, eps)
     bias32 = [jnp.zeros((n,), jnp.float32) if b is None else b.astype(jnp.float32)

@@ -60,10 +60,13 @@ def test_configs_lower_for_fused_qkv(m, config):
 
 
 @pytest.mark.parametrize("config", [dc.DecodeConfig(tile_n=128, stages=8),
-                                    dc.DecodeConfig(tile_n=64, stages=8, warpgroups=2)], ids=str)
+                                    dc.DecodeConfig(tile_n=64, stages=8, warpgroups=2),
+                                    dc.DecodeConfig(tile_n=64, split_k=4, stages=8,
+                                                    reduction="cluster")], ids=str)
 @pytest.mark.parametrize("m", [1, 64])
 def test_row_statistic_in_the_kernel_lowers(m, config):
-    """split_k = 1, no row scale given: the x tiles' squares summed in the MMA warpgroups."""
+    """No row scale given: the x tiles' squares summed in the MMA warpgroups (split_k = 1), or
+    each split's share added by rank 0 through DSMEM (a cluster)."""
     _lower(m, 4096, (4096, 1024, 1024), config, row_scale_given=False)
 
 

@@ -100,17 +100,27 @@ def test_cluster_reduction_is_one_kernel():
 
 # (M, split_k, tile_n, warpgroups): split_k = 1 takes the statistic from the x tiles in the
 # kernel; split_k = 2 from one XLA row reduction.
-STATISTIC_CASES = [(1, 1, 128, 1), (7, 1, 64, 2), (16, 2, 64, 1), (64, 1, 64, 1)]
+# With reduction="cluster" (split 2), each split sums its share of the squares and rank 0 adds
+# them with the partials: no XLA reduction either.
+STATISTIC_CASES = [(1, 1, 128, 1, "xla"), (7, 1, 64, 2, "xla"), (16, 2, 64, 1, "xla"),
+                   (64, 1, 64, 1, "xla"), (1, 2, 64, 1, "cluster"), (7, 2, 64, 2, "cluster"),
+                   (64, 2, 128, 1, "cluster")]
 
 
-@pytest.mark.parametrize("m, split_k, tile_n, warpgroups", STATISTIC_CASES)
-def test_row_statistic_when_no_row_scale_is_given(m, split_k, tile_n, warpgroups, rng):
+@pytest.mark.parametrize("m, split_k, tile_n, warpgroups, reduction", STATISTIC_CASES)
+def test_row_statistic_when_no_row_scale_is_given(m, split_k, tile_n, warpgroups, reduction,
+                                                  rng, monkeypatch):
+    reductions = []
+    original = dm.rms_row_scale
+    monkeypatch.setattr(dm, "rms_row_scale", lambda *a: reductions.append(1) or original(*a))
     inputs = _inputs(rng, m, 256, QKV)
-    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups)
+    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups,
+                             reduction=reduction)
     outs = dm.lazy_rms_decode_matmul(inputs["x"], inputs["kernel"], eps=inputs["eps"],
                                      biases=inputs["bias"], config=config, interpret=True)
     assert_race_free()
     assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
+    assert reductions == ([1] if config.partials_out else [])
 
 
 @pytest.mark.parametrize("in_kernel", [False, True])
