@@ -32,8 +32,8 @@ stream's GEMM at decode in one launch.
 
 A step counter runs across a CTA's units, so the pipeline never drains between
 them. The row statistic in-kernel (S = 1, where a unit sees all of K, or a cluster
-whose ranks' sums of squares rank 0 adds with the partials): the x tile is read from shared memory in the WGMMA layout, the one Mosaic loads a
-128-byte-swizzled tile into and reduces along rows inside a warp; it needs 64
+whose ranks' sums of squares rank 0 adds with the partials): the x tile is read from
+shared memory in the WGMMA layout, the one Mosaic loads a 128-byte-swizzled tile into and reduces along rows inside a warp; it needs 64
 rows, so rows past the box (never written) are read too and reach only output
 rows that are never stored. Knobs and selection: pallas_kernels/decode_config.py.
 """
@@ -472,8 +472,9 @@ def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array,
                      row_ssq: Array | None = None) -> None:
     """Every rank's part of one round of the exchange, before rank 0 reads: ranks 1..S-1 store
     their partials (and `row_ssq`, [64]) once rank 0 has read the previous ones (`free`),
-    then every rank arrives on and waits for `ready`. Each rank arrives on and waits for every phase of both barriers,
-    so none exits while a peer's arrival on it may still be on its way."""
+    then every rank arrives on and waits for `ready`. Each rank arrives on and waits for
+    every phase of both barriers, so none exits while a peer's arrival on it may still be
+    on its way."""
     rank = lax.axis_index("split")
 
     @pl.when(rank > 0)

@@ -7,7 +7,8 @@ scale, bias, cast) in the kernel, and with no row scale given takes the row
 statistic there too, from the x tiles every unit streams anyway; split_k > 1
 writes float32 partials that one XLA fusion sums, scales and biases (M*N*S
 floats: small at decode), or with `reduction="cluster"` sums them in the kernel
-(each tile's splits one cluster) and runs the same epilogue there. Knobs and selection: pallas_kernels/decode_config.py.
+(each tile's splits one cluster) and runs the same epilogue there. Knobs and
+selection: pallas_kernels/decode_config.py.
 """
 
 from __future__ import annotations

@@ -91,8 +91,10 @@ def test_cluster_reduction_is_one_kernel():
 
     def reductions(reduction: str) -> int:
         config = dc.DecodeConfig(tile_n=64, split_k=2, stages=3, reduction=reduction)
-        fn = lambda x, w, r: dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config,  # noqa: E731
-                                                        interpret=True)
+
+        def fn(x, w, r):
+            return dm.lazy_rms_decode_matmul(x, [w], row_scale=r, config=config, interpret=True)
+
         return str(jax.make_jaxpr(fn)(x, w, r)).count("reduce_sum")
 
     assert reductions("cluster") == 0 and reductions("xla") == 1
