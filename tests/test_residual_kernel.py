@@ -176,15 +176,15 @@ def test_decode_rows_take_the_decode_gemm(m, bias, request, monkeypatch):
 
 
 @pytest.mark.parametrize("m, bias, config", [
-    (1, True, DecodeConfig(tile_n=64, split_k=1, stages=3)),
+    (1, True, DecodeConfig(tile_n=64, split_k=2, stages=3, reduction="cluster")),
     (7, False, DecodeConfig(tile_n=64, split_k=2, stages=3, warpgroups=2, reduction="cluster")),
     (16, True, DecodeConfig(tile_n=128, split_k=2, stages=3, reduction="cluster")),
-    (64, True, DecodeConfig(tile_n=64, split_k=1, stages=3, warpgroups=2)),
-], ids=["m1_split1", "m7_cluster_wg2", "m16_cluster", "m64_split1_wg2"])
+    (64, True, DecodeConfig(tile_n=64, split_k=2, stages=3, reduction="cluster")),
+], ids=["m1", "m7_wg2", "m16_n128", "m64"])
 def test_decode_rows_in_one_launch(m, bias, config, request, monkeypatch):
-    """Where the config sums its K splits in the kernel, the decode kernel also adds r and
-    writes h's per-tile (sum, M2) (rows of |mean|/std = 1e3 included): h and its
-    statistics against float64, and no XLA add or product after the kernel."""
+    """Where the config's K splits are a cluster, the decode kernel also adds r and writes
+    h's per-tile (sum, M2) (rows of |mean|/std = 1e3 included): h and its statistics against
+    float64, and no XLA add or product after the kernel."""
     calls = []
     original = decode_matmul.decode_residual_matmul
     monkeypatch.setattr(decode_matmul, "decode_residual_matmul",
@@ -193,7 +193,22 @@ def test_decode_rows_in_one_launch(m, bias, config, request, monkeypatch):
     inputs = residual_inputs(_rng(request), (m,), 256, 256, bias=bias, mean_ratio=1e3)
     assert vr.check_residual("interpret", **inputs) <= 1.0
     assert_race_free()
-    assert [c.split_k for c in calls] == [config.split_k]
+    assert calls == [config]
+
+
+@pytest.mark.parametrize("m, warpgroups", [(1, 1), (64, 2)])
+def test_the_residual_epilogue_unsplit_matches_float64(m, warpgroups, request):
+    """split_k = 1 (the op keeps two launches there until timed on the GPU): the kernel alone,
+    h and the combined statistics against float64."""
+    inputs = residual_inputs(_rng(request), (m,), 256, 256, mean_ratio=1e3)
+    config = DecodeConfig(tile_n=64, split_k=1, stages=3, warpgroups=warpgroups)
+    h, sums, m2s = decode_matmul.decode_residual_matmul(
+        inputs["x"], inputs["kernel"], inputs["residual"], bias=inputs["bias"], config=config,
+        interpret=True)
+    assert_race_free()
+    mean, m2 = row_stats.from_partials(sums, m2s, config.tile_n)
+    stats = row_stats.RowStats(mean, m2, 256)
+    assert max(_ratio(j) for j in vr.judge_residual(h, stats, "output", **inputs)) <= 1.0
 
 
 @pytest.mark.parametrize("config, reason", [

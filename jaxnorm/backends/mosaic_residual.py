@@ -7,11 +7,12 @@ xla. The kernel's [P, M] partials are combined here, in XLA (M-sized work), by
 Chan's formula (`jaxnorm.row_stats.from_partials`).
 
 At decode (M <= 64) the product is the weight-streaming decode GEMM's
-(pallas_kernels/decode_matmul.py). Where its config sums the K splits in the kernel
-(split_k = 1, or a cluster per tile) and N is whole tiles, the kernel also adds the
-residual and writes h's per-tile statistics (`decode_residual_matmul`): one launch.
-Otherwise XLA adds the residual and takes the statistics in the fusion that follows
-it (M*N elements: small at decode), as the xla path does after its dot.
+(pallas_kernels/decode_matmul.py). Where its config sums the K splits in a cluster and
+N is whole tiles, the kernel also adds the residual and writes h's per-tile statistics
+(`decode_residual_matmul`): one launch. Otherwise (split_k = 1 too, until
+`python -m bench.decode_residual` has timed that form on the GPU) XLA adds the residual and
+takes the statistics in the fusion that follows it (M*N elements: small at decode), as the
+xla path does after its dot.
 """
 
 from __future__ import annotations
@@ -64,12 +65,13 @@ def residual_dense(x: Array, kernel: Array, bias: Array | None, residual: Array,
 
 def _decode(x: Array, kernel: Array, bias: Array | None, residual: Array, *,
             interpret: bool) -> tuple[Array, Array, Array]:
-    """(h, mean, m2) at decode rows: one launch where the config allows, else the decode
-    GEMM's product and XLA's add and statistics."""
+    """(h, mean, m2) at decode rows: one launch where the config's splits are a cluster (the
+    decode table has such entries only where a GPU run checked and timed them), else the
+    decode GEMM's product and XLA's add and statistics."""
     m, k = x.shape
     n = kernel.shape[1]
     config = decode_matmul.decode_config(m, k, [n], sms=hardware.num_sms())
-    if (config.split_k == 1 or config.cluster_splits) and n % config.cta_tile_n == 0:
+    if config.cluster_splits and n % config.cta_tile_n == 0:
         h, sums, m2s = decode_matmul.decode_residual_matmul(
             x, kernel, residual, bias=bias, config=config, interpret=interpret)
         mean, m2 = row_stats.from_partials(sums, m2s, config.tile_n)
