@@ -12,7 +12,7 @@ row), four or five variants, each returning (q, k, v) in the standard head layou
   kernel), QK-norm and RoPE in the epilogue, the weights as stored and cos/sin given (one
   table per step, shared by every layer; `rope_tables`);
 - "kernel, gain unfolded": the same with the input gain given: XLA scales x first;
-- "kernel, K split in a cluster" (head_dim 128): the folded kernel with each head's K split
+- "kernel, K split in a cluster": the folded kernel with each head's K split
   over the CTAs of a cluster, as many as fill the SMs (at most 8), rank 0 summing the
   partials before the QK-norm and RoPE (the input statistic then one XLA reduction);
 - "stock": what the stock model runs (jaxnorm/models: Block._qkv then Attention.__call__):
@@ -176,8 +176,7 @@ def variants(p: Preset, config, interpret: bool,
 
 def cluster_config(m: int, p: Preset, *, sms: int, interpret: bool):
     """The kernel's config with each head's K split over as many CTAs of a cluster (at most 8,
-    2 under the interpreter) as fill the SMs with units; None at head_dim 256 (its partials
-    and tables exceed shared memory) or where K allows no split."""
+    2 under the interpreter) as fill the SMs with units; None where K allows no split."""
     from pallas_kernels import decode_attention_input as dai
     from pallas_kernels import decode_config as dc
     from pallas_kernels import hardware
@@ -185,11 +184,11 @@ def cluster_config(m: int, p: Preset, *, sms: int, interpret: bool):
     heads = p.n_heads + 2 * p.n_kv_heads
     limit = hardware.INTERPRET_MAX_CLUSTER if interpret else hardware.MAX_CLUSTER
     split = min(limit, p.d_model // 64, max(2, sms // heads))
-    if p.head_dim != 128 or split < 2:
+    if split < 2:
         return None
     return dc.deepest(dc.DecodeConfig(tile_n=p.head_dim // 2, split_k=split,
                                       reduction="cluster"), 2, streams=2,
-                      extra=dai.constants_bytes(p.head_dim))
+                      constants=dai.constants_bytes(p.head_dim))
 
 
 def judge(label: str, outs, a: Inputs, p: Preset) -> dict[str, Any]:

@@ -17,9 +17,9 @@ once per CTA.
 Each half is stored back to its columns: q, k, v come out in the standard head layout.
 
 The QK-norm needs a head's whole dot, so K is split only with the splits of a head in
-one cluster whose rank 0 sums them before the epilogue (`reduction="cluster"`; head_dim
-128 only: at 256 the two [64, 128] float32 partials and cos and sin exceed a CTA's
-shared memory); unsplit,
+one cluster whose rank 0 sums them before the epilogue (`reduction="cluster"`; the
+partials share their shared memory with the cos/sin tables, which only rank 0 reads, so
+head_dim 256 fits); unsplit,
 the heads are the parallelism: n_heads + 2 n_kv_heads units, one head each (six for
 Gemma-3-1B, of 132 SMs). The input norm's row scale comes as the decode gated kernel's
 does (`pallas_kernels.decode_gated`): given, taken in the kernel from the x tiles (gain
@@ -74,7 +74,7 @@ def constants_bytes(head_dim: int) -> int:
 @functools.lru_cache(maxsize=256)
 def _config(m: int, k: int, heads: int, head_dim: int, sms: int, itemsize: int) -> DecodeConfig:
     return deepest(DecodeConfig(tile_n=head_dim // 2, warpgroups=1), itemsize, streams=2,
-                   extra=constants_bytes(head_dim))
+                   constants=constants_bytes(head_dim))
 
 
 def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: DecodeConfig,
@@ -87,7 +87,7 @@ def _check(x: Array, weights: tuple[Array, Array, Array], hd: int, config: Decod
     for name, w in zip(("w_q", "w_k", "w_v"), weights):
         if w.ndim != 2 or w.shape[1] % hd:
             raise ValueError(f"{name} {w.shape} must be [K, heads * head_dim={hd}]")
-    check_shapes(x, list(weights), config, streams=2, extra=constants_bytes(hd))
+    check_shapes(x, list(weights), config, streams=2, constants=constants_bytes(hd))
     if config.tile_n != hd // 2 or config.warpgroups != 1:
         raise Unsupported(f"tile_n={config.tile_n}, warpgroups={config.warpgroups}: must be "
                           f"head_dim/2 = {hd // 2} and 1 (a unit holds one whole head)")

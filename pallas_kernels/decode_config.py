@@ -94,16 +94,19 @@ def cluster_partial_bytes(config: DecodeConfig, streams: int = 1) -> int:
     return config.warpgroups * MAX_ROWS * (streams * config.tile_n + 1) * 4 + 1024
 
 
-def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0) -> int:
+def smem_bytes(config: DecodeConfig, itemsize: int, streams: int = 1, extra: int = 0,
+               constants: int = 0) -> int:
     """Pipeline slots (x and `streams` weight tiles), output staging (two pieces per
-    warpgroup), the row scale, the double-buffered bias tiles, barriers, and `extra` bytes
-    of an epilogue's own (`decode_kernel.Plan.constants`)."""
+    warpgroup), the row scale, the double-buffered bias tiles, barriers, `extra` bytes of an
+    epilogue's own, and `constants` bytes of `decode_kernel.Plan.constants`, which in a
+    cluster share their memory with the split-K partials (rank 0 holds only the former,
+    ranks 1..S-1 only the latter)."""
     stage = (MAX_ROWS + streams * config.cta_tile_n) * config.tile_k * itemsize
     out_itemsize = 4 if config.partials_out else itemsize
     out = config.warpgroups * 2 * MAX_ROWS * epi_tile_n(config, itemsize) * out_itemsize
     vectors = 4 * (MAX_ROWS + 2 * streams * config.cta_tile_n)
-    return (stage * config.stages + out + vectors + 512 + cluster_partial_bytes(config, streams)
-            + extra)
+    return (stage * config.stages + out + vectors + 512
+            + max(cluster_partial_bytes(config, streams), constants) + extra)
 
 
 def check_shapes(
@@ -112,6 +115,7 @@ def check_shapes(
     config: DecodeConfig,
     streams: int = 1,
     extra: int = 0,
+    constants: int = 0,
 ) -> None:
     """Raise Unsupported naming the argument and the limit (what the decode kernel does not serve).
 
@@ -140,7 +144,8 @@ def check_shapes(
     if config.cluster_splits and config.split_k > hardware.MAX_CLUSTER:
         raise Unsupported(f"split_k={config.split_k} must be <= {hardware.MAX_CLUSTER} (the "
                           "portable cluster size) to reduce in the cluster")
-    if smem_bytes(config, x.dtype.itemsize, streams, extra) > hardware.SMEM_BYTES_PER_CTA:
+    if smem_bytes(config, x.dtype.itemsize, streams, extra,
+                  constants) > hardware.SMEM_BYTES_PER_CTA:
         raise Unsupported(f"{config} needs more shared memory than a CTA has")
 
 
@@ -190,11 +195,12 @@ def modelled_seconds(config: DecodeConfig, m: int, k: int, ns: Sequence[int], *,
 
 
 def deepest(config: DecodeConfig, itemsize: int, max_stages: int = 12,
-            streams: int = 1, extra: int = 0) -> DecodeConfig:
+            streams: int = 1, extra: int = 0, constants: int = 0) -> DecodeConfig:
     """`config` with the most pipeline stages (<= max_stages) that fit in shared memory."""
     for stages in range(max_stages, 1, -1):
         fitted = dataclasses.replace(config, stages=stages)
-        if smem_bytes(fitted, itemsize, streams, extra) <= hardware.SMEM_BYTES_PER_CTA:
+        if smem_bytes(fitted, itemsize, streams, extra,
+                      constants) <= hardware.SMEM_BYTES_PER_CTA:
             return fitted
     raise Unsupported(f"{config}: not even two stages fit in shared memory")
 

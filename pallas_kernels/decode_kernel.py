@@ -206,16 +206,25 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     if row_gmem is not None:
         scratch["row_smem"] = plgpu.SMEM((MAX_ROWS,), jnp.float32)
         scratch["row_ready"] = plgpu.Barrier(num_arrivals=1)
+    # In a cluster through DSMEM, only rank 0 reads the constants and only ranks 1..S-1 hold
+    # partials: one region serves both (`smem_bytes`' `constants`).
+    shared_region = cluster and not via_global and bool(plan.constants)
+    const_refs = [_constant_smem(shape) for shape in plan.constants]
     if plan.constants:
-        scratch.update({f"const{j}_smem": _constant_smem(shape)
-                        for j, shape in enumerate(plan.constants)})
+        if not shared_region:
+            scratch.update({f"const{j}_smem": ref for j, ref in enumerate(const_refs)})
         scratch["const_ready"] = plgpu.Barrier(num_arrivals=len(plan.constants))
     if cluster:
         if not via_global:
-            scratch["partial_smem"] = plgpu.SMEM((streams, num_mma, MAX_ROWS, tile_n),
-                                                 jnp.float32)
+            partial_refs = [plgpu.SMEM((streams, num_mma, MAX_ROWS, tile_n), jnp.float32)]
             if in_kernel:  # each split's rows' sum of squares of its x tiles
-                scratch["partial_ssq_smem"] = plgpu.SMEM((num_mma, MAX_ROWS), jnp.float32)
+                partial_refs.append(plgpu.SMEM((num_mma, MAX_ROWS), jnp.float32))
+            if shared_region:
+                scratch["partials_or_constants"] = plgpu.RefUnion(partial_refs, const_refs)
+            else:
+                scratch["partial_smem"] = partial_refs[0]
+                if in_kernel:
+                    scratch["partial_ssq_smem"] = partial_refs[1]
         # Every rank's partials are published / rank 0 is done reading them.
         scratch["partial_ready"] = plgpu.ClusterBarrier(collective_axes=("split",),
                                                         num_arrivals=num_mma)
@@ -238,21 +247,37 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
     def body(a_smem, out_smem, produced, consumed, row_smem=None, row_ready=None,
              vec_ready=None, vec_free=None, const_ready=None, partial_smem=None,
              partial_ready=None, partial_free=None, partial_ssq_smem=None, res_smem=None,
-             stats_smem=None, **streamed):
+             stats_smem=None, partials_or_constants=None, **streamed):
         b_smems = [streamed[f"b{j or ''}_smem"] for j in range(streams)]
         bias_smems = ([streamed[f"bias{j or ''}_smem"] for j in range(streams)]
                       if plan.has_bias else None)
-        const_smems = [streamed[f"const{j}_smem"] for j in range(len(plan.constants))]
+        if partials_or_constants is not None:
+            partial_group, const_smems = partials_or_constants  # one tree per group
+            partial_smem = partial_group[0]
+            partial_ssq_smem = partial_group[1] if in_kernel else None
+        else:
+            const_smems = [streamed[f"const{j}_smem"] for j in range(len(plan.constants))]
         wg_idx = lax.axis_index("wg")
+
+        def on_rank_0(fn):
+            """fn where this CTA holds the constants: everywhere, or rank 0 of a cluster
+            whose constants share their memory with the partials."""
+            if shared_region:
+                pl.when(lax.axis_index("split") == 0)(fn)
+            else:
+                fn()
 
         def memory_warpgroup():
             plgpu.set_max_registers(40, action="decrease")
             if row_gmem is not None:
                 plgpu.copy_gmem_to_smem(row_gmem.at[pl.ds(0, x_box)], row_smem.at[pl.ds(0, x_box)],
                                         row_ready)
-            for gmem, smem in zip(const_gmems, const_smems):
-                rows = pl.ds(0, x_box) if gmem.ndim == 2 else slice(None)
-                plgpu.copy_gmem_to_smem(gmem.at[rows], smem.at[rows], const_ready)
+            def load_constants():
+                for gmem, smem in zip(const_gmems, const_smems):
+                    rows = pl.ds(0, x_box) if gmem.ndim == 2 else slice(None)
+                    plgpu.copy_gmem_to_smem(gmem.at[rows], smem.at[rows], const_ready)
+
+            on_rank_0(load_constants)
 
             @plgpu.nd_loop((n_units,), collective_axes="sm",
                            init_carry=(jnp.int32(0), jnp.int32(0)))
@@ -324,7 +349,7 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
             if row_gmem is not None:
                 plgpu.barrier_wait(row_ready)
             if plan.constants:
-                plgpu.barrier_wait(const_ready)
+                on_rank_0(lambda: plgpu.barrier_wait(const_ready))
 
             @plgpu.nd_loop((n_units,), collective_axes="sm", init_carry=jnp.int32(0))
             def _units(loop_info, carry):

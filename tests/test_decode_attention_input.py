@@ -87,6 +87,7 @@ def test_decode_attention_input_matches_float64(case, rng):
 CLUSTER_CASES = {
     "M1_hd128": (1, 256, 2, 1, 128, None, 0.0),
     "M8_hd128_gemma": (8, 256, 4, 1, 128, "gemma", 1.0),
+    "M8_hd256_gemma": (8, 256, 4, 1, 256, "gemma", 1.0),
     "M64_hd128_plain_gain": (64, 192, 3, 1, 128, "plain", 0.0),
 }
 
@@ -161,10 +162,6 @@ def _args(hd=128, m=4, k=128, n_q=2, n_kv=1) -> dict:
     (dict(config=dc.DecodeConfig(tile_n=64, split_k=2, stages=2)), Unsupported,
      "split_k=2 must be 1 unless"),
     (dict(_args(hd=256), config=dc.DecodeConfig(tile_n=128, stages=2, warpgroups=2)),
-     Unsupported, "more shared memory"),
-    # head_dim 256 in a cluster: the partials beside cos and sin as [64, 128] float32 tiles.
-    (dict(_args(hd=256), config=dc.DecodeConfig(tile_n=128, stages=2, split_k=2,
-                                               reduction="cluster")),
      Unsupported, "more shared memory"),
     (dict(x=jnp.zeros((65, 128), BF16), cos=jnp.ones((65, 64)), sin=jnp.ones((65, 64))),
      Unsupported, "M=65 must be in"),
