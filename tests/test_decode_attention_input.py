@@ -68,22 +68,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_decode_attention_input_matches_float64(case, rng):
-    m, k, n_q, n_kv, hd, gain, qk_offset = CASES[case]
-    inputs = _inputs(rng, m, k, n_q, n_kv, hd, gain=gain, qk_offset=qk_offset)
-    scale_offset = 1.0 if gain == "gemma" else 0.0
-    config = dc.DecodeConfig(tile_n=hd // 2, stages=3)
-    outs = _run(inputs, hd, config=config, scale_offset=scale_offset, qk_offset=qk_offset)
-    assert_race_free()
-    assert [o.shape for o in outs] == [(m, n_q * hd), (m, n_kv * hd), (m, n_kv * hd)]
-    assert all(o.dtype == BF16 for o in outs)
-    assert _judge(outs, inputs, hd, scale_offset=scale_offset, qk_offset=qk_offset) <= 1.0
-
-
 # (M, K, q heads, kv heads, head_dim, input gain, qk_offset): each head's K splits summed
-# in a cluster of 2 before the QK-norm and RoPE; the input statistic from XLA (no unit sees
-# all of K) or from the pass that scales x by the gain.
+# in a cluster of 2 before the QK-norm and RoPE; the input statistic from the splits' sums of
+# squares (gain None) or from the pass that scales x by the gain.
 CLUSTER_CASES = {
     "M1_hd128": (1, 256, 2, 1, 128, None, 0.0),
     "M8_hd128_gemma": (8, 256, 4, 1, 128, "gemma", 1.0),
@@ -92,14 +79,22 @@ CLUSTER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CLUSTER_CASES))
-def test_cluster_splits_match_float64(case, rng):
-    m, k, n_q, n_kv, hd, gain, qk_offset = CLUSTER_CASES[case]
+# (id, case, the config's stages and split): every case unsplit, then each cluster case.
+VARIANTS = ([(name, case, dict(stages=3)) for name, case in CASES.items()]
+            + [(f"cluster_{name}", case, dict(stages=2, split_k=2, reduction="cluster"))
+               for name, case in CLUSTER_CASES.items()])
+
+
+@pytest.mark.parametrize("case, split", [v[1:] for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_decode_attention_input_matches_float64(case, split, rng):
+    m, k, n_q, n_kv, hd, gain, qk_offset = case
     inputs = _inputs(rng, m, k, n_q, n_kv, hd, gain=gain, qk_offset=qk_offset)
     scale_offset = 1.0 if gain == "gemma" else 0.0
-    config = dc.DecodeConfig(tile_n=hd // 2, stages=2, split_k=2, reduction="cluster")
+    config = dc.DecodeConfig(tile_n=hd // 2, **split)
     outs = _run(inputs, hd, config=config, scale_offset=scale_offset, qk_offset=qk_offset)
     assert_race_free()
+    assert [o.shape for o in outs] == [(m, n_q * hd), (m, n_kv * hd), (m, n_kv * hd)]
+    assert all(o.dtype == BF16 for o in outs)
     assert _judge(outs, inputs, hd, scale_offset=scale_offset, qk_offset=qk_offset) <= 1.0
 
 

@@ -56,24 +56,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_decode_gated_matches_float64(case, rng):
-    m, k, n, tile_n, warpgroups, activation, gain, biases = CASES[case]
-    inputs, kw = _inputs(rng, m, k, n, gain=gain, biases=biases)
-    config = dc.DecodeConfig(tile_n=tile_n, stages=3, warpgroups=warpgroups)
-    y = dg.decode_gated_rms_matmul(
-        inputs["x"], inputs["gate_kernel"], inputs["up_kernel"], activation=activation,
-        scale=inputs["scale"], gate_bias=inputs["gate_bias"], up_bias=inputs["up_bias"],
-        config=config, interpret=True, **kw)
-    assert_race_free()
-    assert y.shape == (m, n) and y.dtype == BF16
-    assert vg.check_gated(y, **inputs, activation_name=activation, act_dtype=np.float32,
-                          **kw) <= 1.0
-
-
 # (M, K, N, tile_n, warpgroups, activation, gain, biases): the K splits in a cluster of 2 (the
-# interpreter's widest), rank 0 summing both streams' partials before act(gate) * up; the
-# statistic from XLA (no unit sees all of K), or from the pass that scales x by the gain.
+# interpreter's widest), rank 0 summing both streams' partials (and the splits' sums of
+# squares, gain None) before act(gate) * up.
 CLUSTER_CASES = {
     "M1_N576_silu_biases": (1, 256, 576, 64, 1, "silu", None, "gu"),
     "M8_N192_gelu_tanh_gemma_gain": (8, 256, 192, 128, 1, "gelu_tanh", "gemma", ""),
@@ -82,12 +67,17 @@ CLUSTER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CLUSTER_CASES))
-def test_decode_gated_with_cluster_splits_matches_float64(case, rng):
-    m, k, n, tile_n, warpgroups, activation, gain, biases = CLUSTER_CASES[case]
+# (id, case, the config's split): every case unsplit, then each cluster case split two ways.
+VARIANTS = ([(name, case, {}) for name, case in CASES.items()]
+            + [(f"cluster_{name}", case, dict(split_k=2, reduction="cluster"))
+               for name, case in CLUSTER_CASES.items()])
+
+
+@pytest.mark.parametrize("case, split", [v[1:] for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_decode_gated_matches_float64(case, split, rng):
+    m, k, n, tile_n, warpgroups, activation, gain, biases = case
     inputs, kw = _inputs(rng, m, k, n, gain=gain, biases=biases)
-    config = dc.DecodeConfig(tile_n=tile_n, stages=3, warpgroups=warpgroups, split_k=2,
-                             reduction="cluster")
+    config = dc.DecodeConfig(tile_n=tile_n, stages=3, warpgroups=warpgroups, **split)
     y = dg.decode_gated_rms_matmul(
         inputs["x"], inputs["gate_kernel"], inputs["up_kernel"], activation=activation,
         scale=inputs["scale"], gate_bias=inputs["gate_bias"], up_bias=inputs["up_bias"],

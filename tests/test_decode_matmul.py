@@ -41,42 +41,31 @@ def _inputs(rng, m: int, k: int, ns, *, bias=True, gain=False, dtype=BF16) -> di
     return inputs
 
 
-# (M, split_k, tile_n, warpgroups): every M of the issue, every split, both warpgroup counts.
+# (M, split_k, tile_n, warpgroups, reduction): every M of the issue, every split, both
+# warpgroup counts, the splits summed by XLA; then summed in a cluster of 2 CTAs (the
+# interpreter's widest; through global scratch there, DSMEM on the GPU), where two clusters
+# walk the tiles, so each exchanges several times and a buffer is reused only once read.
 CASES = [
-    (1, 1, 128, 1),
-    (1, 4, 64, 1),
-    (7, 2, 128, 1),
-    (7, 1, 64, 2),
-    (16, 4, 128, 1),
-    (16, 2, 64, 2),
-    (64, 1, 64, 1),
-    (64, 4, 64, 2),
+    (1, 1, 128, 1, "xla"),
+    (1, 4, 64, 1, "xla"),
+    (7, 2, 128, 1, "xla"),
+    (7, 1, 64, 2, "xla"),
+    (16, 4, 128, 1, "xla"),
+    (16, 2, 64, 2, "xla"),
+    (64, 1, 64, 1, "xla"),
+    (64, 4, 64, 2, "xla"),
+    (1, 2, 64, 1, "cluster"),
+    (7, 2, 128, 1, "cluster"),
+    (16, 2, 64, 2, "cluster"),
+    (64, 2, 128, 1, "cluster"),
 ]
 
 
-@pytest.mark.parametrize("m, split_k, tile_n, warpgroups", CASES)
-def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, rng):
+@pytest.mark.parametrize("m, split_k, tile_n, warpgroups, reduction", CASES)
+def test_decode_matmul_matches_reference(m, split_k, tile_n, warpgroups, reduction, rng):
     inputs = _inputs(rng, m, 256, QKV)
-    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups)
-    outs = dm.lazy_rms_decode_matmul(
-        inputs["x"], inputs["kernel"], row_scale=rms_row_scale(inputs["x"], inputs["eps"]),
-        biases=inputs["bias"], config=config, interpret=True)
-    assert_race_free()
-    assert all(y.dtype == BF16 and y.shape == (m, n) for y, n in zip(outs, QKV))
-    assert check_outputs("rms_norm_dense", outs, **inputs) <= 1.0
-
-
-# (M, tile_n, warpgroups): the K splits of a tile reduced in a cluster of 2 CTAs (the
-# interpreter's widest; through global scratch there, DSMEM on the GPU). Two clusters walk
-# the tiles, so each exchanges several times and a buffer is reused only once read.
-CLUSTER_CASES = [(1, 64, 1), (7, 128, 1), (16, 64, 2), (64, 128, 1)]
-
-
-@pytest.mark.parametrize("m, tile_n, warpgroups", CLUSTER_CASES)
-def test_cluster_reduction_matches_reference(m, tile_n, warpgroups, rng):
-    inputs = _inputs(rng, m, 256, QKV)
-    config = dc.DecodeConfig(tile_n=tile_n, split_k=2, stages=3, warpgroups=warpgroups,
-                             reduction="cluster")
+    config = dc.DecodeConfig(tile_n=tile_n, split_k=split_k, stages=3, warpgroups=warpgroups,
+                             reduction=reduction)
     outs = dm.lazy_rms_decode_matmul(
         inputs["x"], inputs["kernel"], row_scale=rms_row_scale(inputs["x"], inputs["eps"]),
         biases=inputs["bias"], config=config, interpret=True)
