@@ -239,10 +239,17 @@ def measured_entry(m: int, k: int, ns: Sequence[int], *, sms: int,
     if not near:
         return None
     shape, fields, ratio = min(near, key=lambda e: (len(e[0][2]) != len(ns), distance(e)))
-    config = DecodeConfig(**fields)
-    if config.split_k > k // 64:
+    config = fitting_config(fields, k)
+    return None if config is None else MeasuredEntry(shape, config, ratio)
+
+
+def fitting_config(fields: dict | None, k: int) -> DecodeConfig | None:
+    """A measured table entry's config fields as a DecodeConfig, where its K split fits this
+    launch's K (a nearby entry may split more ways than K has steps); else None."""
+    if fields is None:
         return None
-    return MeasuredEntry(shape, config, ratio)
+    config = DecodeConfig(**fields)
+    return config if config.split_k <= k // config.tile_k else None
 
 
 def decode_config(

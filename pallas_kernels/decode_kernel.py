@@ -64,7 +64,7 @@ from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, for_weight, g
                                         release_done_slot, release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import round_up
-from pallas_kernels.row_stats import safe_rsqrt
+from pallas_kernels.row_stats import ptx_fence, safe_rsqrt
 
 Array = jax.Array
 # y of one output piece from its streams' r * acc + b (float32): None keeps the one stream.
@@ -485,7 +485,7 @@ def _cluster_fence(ex: PartialExchange) -> None:
     """Order this thread's partial-tile accesses against its peers' at cluster scope: a
     cluster barrier's remote arrive releases at CTA scope only (docs/mosaic-notes.md)."""
     if ex.gpu_fences:
-        _fence_acq_rel_cluster()
+        ptx_fence("fence.acq_rel.cluster;")
 
 
 def _wait_free(ex: PartialExchange) -> None:
@@ -575,14 +575,6 @@ def _plus_dsmem_partials(acc: Array, partial_smem, splits: int, layout,
         return total
 
     return emit(partial_smem, acc)
-
-
-def _fence_acq_rel_cluster() -> None:
-    @plgpu.inline_mgpu()
-    def emit(_ctx):
-        mgpu_utils.inline_ptx("fence.acq_rel.cluster;", has_side_effects=True)
-
-    emit()
 
 
 def _constant_smem(shape: tuple[int, ...]) -> plgpu.SMEM:

@@ -322,7 +322,7 @@ class RowStatsExchange:
             _signal_released(self._counter(semaphores, group, party), fence=self.gpu_fences)
         else:
             if self.gpu_fences and self.cluster_size > 1:
-                _fence("fence.acq_rel.cluster;")
+                ptx_fence("fence.acq_rel.cluster;")
             plgpu.barrier_arrive(scratch.barrier)
 
     def collect(
@@ -347,7 +347,7 @@ class RowStatsExchange:
         else:
             plgpu.barrier_wait(scratch.barrier)
             if self.gpu_fences and self.cluster_size > 1:
-                _fence("fence.acq_rel.cluster;")
+                ptx_fence("fence.acq_rel.cluster;")
         gathered = gmem_scratch.at[cluster_id] if self._via_global else scratch.gathered
         if self.row_split:
             rows = pl.ds(self._first_row(party), self.rows)
@@ -359,7 +359,7 @@ class RowStatsExchange:
         if not self._needs_free:
             return
         if self.gpu_fences:
-            _fence("fence.acq_rel.cluster;")
+            ptx_fence("fence.acq_rel.cluster;")
         plgpu.barrier_arrive(scratch.free)
 
     def finish(self, scratch: ExchangeScratch, rounds: jax.Array) -> None:
@@ -371,7 +371,7 @@ class RowStatsExchange:
         def wait() -> None:
             plgpu.barrier_wait(scratch.free)
             if self.gpu_fences:  # peers are other CTAs of the cluster
-                _fence("fence.acq_rel.cluster;")
+                ptx_fence("fence.acq_rel.cluster;")
 
         return wait
 
@@ -414,7 +414,8 @@ def _signal_released(semaphore: Any, *, fence: bool) -> None:
     emit(semaphore)
 
 
-def _fence(ptx: str) -> None:
+def ptx_fence(ptx: str) -> None:
+    """Emit one PTX fence instruction (e.g. "fence.acq_rel.cluster;") for the warpgroup."""
     @plgpu.inline_mgpu()
     def emit(_ctx):
         mgpu_utils.inline_ptx(ptx, has_side_effects=True)

@@ -197,6 +197,14 @@ def _assert_bitwise(a, b, what: str) -> None:
             raise AssertionError(f"{what} differs at {where}: {u[where]} vs {v[where]}")
 
 
+def _calls_bitwise_equal(run: Callable[[Any], Any], inputs: Any, calls: int = 20) -> str:
+    """`calls` calls of run(inputs) give the same bits as the first (`_assert_bitwise`)."""
+    first = run(inputs)
+    for i in range(2, calls + 1):
+        _assert_bitwise(first, run(inputs), f"call {i}")
+    return f"{calls} calls bitwise equal"
+
+
 def _transport(transport: str) -> str:
     if SMOKE and transport != "global":
         raise Skipped(f"transport={transport!r} runs on the GPU only")
@@ -698,12 +706,7 @@ def decode_gemm_cluster_cases() -> list[tuple[str, str, Callable[[], str]]]:
             return "NaN row stays NaN, others finite"
 
         def repeatable(inputs=inputs, run=run):
-            inp = inputs(seed=3)
-            first = [np.asarray(y) for y in run(inp)]
-            for _ in range(19):
-                if not all(np.array_equal(a, np.asarray(b)) for a, b in zip(first, run(inp))):
-                    raise AssertionError("two calls on the same inputs differ")
-            return "20 calls bitwise equal"
+            return _calls_bitwise_equal(run, inputs(seed=3))
 
         label = (f"decode GEMM cluster sum {m}x{k}x({'+'.join(map(str, ns))}) "
                  f"n{config.tile_n} s{config.split_k} wg{config.warpgroups}")
@@ -769,13 +772,7 @@ def decode_residual_cases() -> list[tuple[str, str, Callable[[], str]]]:
             return "NaN row stays NaN, others finite"
 
         def repeatable(inputs=inputs, run=run):
-            inp = inputs(seed=3)
-            first = jax.tree.leaves(run(inp))
-            for _ in range(19):
-                if not all(np.array_equal(np.asarray(a), np.asarray(b))
-                           for a, b in zip(first, jax.tree.leaves(run(inp)))):
-                    raise AssertionError("two calls on the same inputs differ")
-            return "20 calls bitwise equal"
+            return _calls_bitwise_equal(run, inputs(seed=3))
 
         label = (f"decode residual epilogue {m}x{k}x{n} n{tile_n} s{config.split_k} "
                  f"wg{warpgroups}")

@@ -18,7 +18,7 @@ from jaxnorm.backends import decode_attention_measured
 from jaxnorm.backends.mosaic_dense import DECODE_MAX_RATIO, _check, nearest_measured
 from jaxnorm.dispatch import decline_automatic, register
 from pallas_kernels import decode_attention_input
-from pallas_kernels.decode_config import MAX_ROWS, DecodeConfig
+from pallas_kernels.decode_config import MAX_ROWS, fitting_config
 
 Array = jax.Array
 _RESULTS = "bench/results/2026-12-01-decode"
@@ -54,16 +54,8 @@ def rms_norm_attention_input(x: Array, scale: Array | None, w_q: Array, w_k: Arr
         sin=sin, qk_eps=qk_eps, qk_offset=scale_offset, eps=eps, scale=scale,
         scale_offset=scale_offset,
         row_scale=None if stats is None else row_stats.rms_inverse(stats, eps),
-        config=_measured_config(entry, k), interpret=interpret)
-
-
-def _measured_config(entry, k: int) -> DecodeConfig | None:
-    """The nearest measured shape's fastest folded config (the one its ratio is of) where it
-    fits K; else None (the kernel's own pick)."""
-    if entry is None or entry[3] is None:
-        return None
-    config = DecodeConfig(**entry[3])
-    return config if config.split_k <= k // config.tile_k else None
+        # The nearest measured shape's fastest folded config (the one its ratio is of).
+        config=None if entry is None else fitting_config(entry[3], k), interpret=interpret)
 
 
 def _nearest_entry(m: int, k: int, heads: int, kv_heads: int, head_dim: int, qk_norm: bool):

@@ -61,12 +61,7 @@ def measured_decode_config(m: int, k: int, n: int) -> decode_config.DecodeConfig
     """The config the nearest measured shape ran fastest with the gain folded (the one its
     ratio is of), where it fits this launch; else None (the kernel's modelled pick)."""
     entry = _nearest_decode_entry(m, k, n)
-    if entry is None or entry[3] is None:
-        return None
-    config = decode_config.DecodeConfig(**entry[3])
-    if config.split_k > k // config.tile_k:
-        return None
-    return config
+    return None if entry is None else decode_config.fitting_config(entry[3], k)
 
 
 def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str | None:
