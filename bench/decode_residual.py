@@ -131,7 +131,11 @@ def measure(m: int, k: int, n: int, *, sms: int, interpret: bool,
             entry["error"] = worst_error(fn, *first)
             fns[label] = fn
         except AssertionError as err:  # the judge's verdict, with the worst element
-            entry["failure"] = f"wrong against float64: {str(err)[:300]}"
+            if label == "stock":  # the baseline users run (at M = 1 XLA rounds x @ w, then + r):
+                entry["outside_bound"] = str(err)[:300]  # reported, and still timed
+                fns[label] = fn
+            else:
+                entry["failure"] = f"wrong against float64: {str(err)[:300]}"
         except Exception as err:  # a config that does not build is reported, not timed
             entry["failure"] = f"{type(err).__name__}: {str(err)[:300]}"
     for _ in range(ROUNDS):
