@@ -101,6 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="phases to measure (default: prefill,train,decode)")
     model.add_argument("--decode-batch", type=_list_of(int),
                        help="decode batch sizes (default: each shape's, 1,8,64)")
+    model.add_argument("--decode-steps", type=int,
+                       help="greedy steps per timed decode call (default 8); the call copies "
+                            "the cache once, so more steps weigh that copy less")
     model.add_argument("--rounds", type=int, default=2,
                        help="rounds of the interleaved variants (default: 2)")
     model.add_argument("--detail", type=Path,
@@ -136,6 +139,10 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
               [model_suite.SHAPES[name] for name in args.model or model_suite.SHAPES])
     if args.decode_batch:
         shapes = [dataclasses.replace(s, decode_batches=tuple(args.decode_batch)) for s in shapes]
+    if args.decode_steps:
+        if not 1 <= args.decode_steps < min(s.cache for s in shapes):
+            raise SystemExit(f"--decode-steps must lie in [1, cache); got {args.decode_steps}")
+        shapes = [dataclasses.replace(s, decode_steps=args.decode_steps) for s in shapes]
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
                     phases=args.phase, out=args.out, detail=args.detail,
                     bounded=args.bounded_limit)

@@ -51,7 +51,10 @@ BOUNDED = "norm-free (scaled)"
 LAYOUT_CONTROL = "stock, cache BKSD"
 PHASES = ("prefill", "train", "decode")
 DECODE_CACHE = 4096
-DECODE_STEPS = 8  # decode steps per timed call (a lax.scan, as greedy_decode runs them)
+# Decode steps per timed call (one lax.scan, as greedy_decode runs them). The cache is an
+# argument of the call, not donated, so XLA copies it once a call into the scan's buffer:
+# a cost a generation loop pays once, which more steps a call spread thinner.
+DECODE_STEPS = 8
 # How by_class_us and top_kernels are computed (JSON written before this field existed
 # summed the first 1/copies of the kernel list, which is not one call: XLA interleaves
 # the rotated copies' kernels).
@@ -68,6 +71,7 @@ class ModelShape:
     train: tuple[int, int]
     decode_batches: tuple[int, ...] = (1, 8, 64)
     cache: int = DECODE_CACHE
+    decode_steps: int = DECODE_STEPS  # per timed call
 
 
 def _cfg(**kw: Any) -> models.ModelConfig:
@@ -263,9 +267,9 @@ def train_case(model: nnx.Module, shape: ModelShape, copies: int):
 
 
 def decode_steps(graphdef: nnx.GraphDef, shape: ModelShape) -> Callable:
-    """fn(state, token [B], cache): DECODE_STEPS greedy steps over a full cache, one
+    """fn(state, token [B], cache): `shape.decode_steps` greedy steps over a full cache, one
     lax.scan, as `jaxnorm.models.greedy_decode` runs them; returns (tokens, cache)."""
-    start = shape.cache - DECODE_STEPS
+    start = shape.cache - shape.decode_steps
 
     def fn(state, token, cache):
         model = nnx.merge(graphdef, state)
@@ -277,7 +281,7 @@ def decode_steps(graphdef: nnx.GraphDef, shape: ModelShape) -> Callable:
             return (nxt, cache, position + 1), nxt
 
         (_, cache, _), tokens = jax.lax.scan(
-            step, (token, cache, jnp.int32(start)), length=DECODE_STEPS)
+            step, (token, cache, jnp.int32(start)), length=shape.decode_steps)
         return tokens, cache
 
     return fn
@@ -414,8 +418,9 @@ def _cases(shape: ModelShape, copies: int, phases: tuple[str, ...]):
     if "train" in phases:
         yield ("train", "x".join(map(str, shape.train)), 1,
                lambda m: train_case(m, shape, copies))
+    steps = "" if shape.decode_steps == DECODE_STEPS else f", {shape.decode_steps} steps a call"
     for batch in shape.decode_batches if "decode" in phases else ():
-        yield (f"decode B={batch}", f"B={batch}, cache {shape.cache}", DECODE_STEPS,
+        yield (f"decode B={batch}", f"B={batch}, cache {shape.cache}{steps}", shape.decode_steps,
                lambda m, batch=batch: decode_case(m, shape, batch, copies))
 
 
@@ -530,7 +535,9 @@ def measured_variants(cells: list[Cell]) -> tuple[str, ...]:
 
 def to_json(cells: list[Cell]) -> dict:
     return {"suite": "model", "cells": [dataclasses.asdict(c) for c in cells],
-            "variants": measured_variants(cells), "decode_steps_per_call": DECODE_STEPS,
+            "variants": measured_variants(cells),
+            "decode_steps_per_call": next((c.per_step for c in cells
+                                           if c.phase.startswith("decode")), DECODE_STEPS),
             "breakdown": BREAKDOWN, "jax": jax.__version__,
             "devices": [d.device_kind for d in jax.devices()]}
 

@@ -177,7 +177,7 @@ for name in "$@"; do
             # median unsteady (docs/mosaic-notes.md, "What a launch costs the host")
       bench "model${MODEL_TAG:-}" "${MODEL_LIMIT:-500}" --repeats "${MODEL_REPEATS:-30}" \
              --suite model --model "${MODEL:-llama3.2-1b}" \
-             --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} \
+             --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} ${DECODE_STEPS:+--decode-steps "$DECODE_STEPS"} \
              ${ROUNDS:+--rounds "$ROUNDS"} ${BOUNDED:+--bounded-limit} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
