@@ -28,14 +28,14 @@ _RESULTS = "bench/results/2026-12-01-decode"
 SLOWER_IN_THE_MODEL: dict[tuple[tuple[int, int, int, int, int], str], str] = {
     ((1, 1152, 4, 1, 256), "unfolded"): (
         "Gemma-3-1B's decode step at B = 1 took 0.944, 0.959x stock with it "
-        f"(model-session12.json) and 0.894, 0.914x without (model-session11.json, {_RESULTS}): "
+        f"and 0.894, 0.914x without (model-sessions-11-13.json, {_RESULTS}): "
         "its six heads are six CTAs streaming the weights"),
     ((1, 1152, 4, 1, 256), "folded"): (
         "Gemma-3-1B flashified, decode B = 1: 0.853, 0.868x stock with it "
-        f"(model-session12.json) and 0.807, 0.820x without (model-session11.json, {_RESULTS})"),
+        f"and 0.807, 0.820x without (model-sessions-11-13.json, {_RESULTS})"),
     ((8, 1024, 16, 8, 128), "folded"): (
         "Qwen3-0.6B flashified, decode B = 8: 1.005, 1.006x stock with it "
-        f"(model-session12.json) and 0.983, 0.985x without (model-decode-gated.json, {_RESULTS})"),
+        f"(model-sessions-11-13.json) and 0.983, 0.985x without (model-decode.json, {_RESULTS})"),
 }
 
 
