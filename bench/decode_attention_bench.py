@@ -175,16 +175,18 @@ def variants(p: Preset, config, interpret: bool,
 
 
 def cluster_config(m: int, p: Preset, *, sms: int, interpret: bool):
-    """The kernel's config with each head's K split over as many CTAs of a cluster (at most 8,
-    2 under the interpreter) as fill the SMs with units; None where K allows no split."""
+    """The kernel's config with each head's K split over the CTAs of a cluster (at most 8, 2
+    under the interpreter), every head's cluster resident at once
+    (`decode_config.one_wave_cluster_split`); None where none fits."""
     from pallas_kernels import decode_attention_input as dai
     from pallas_kernels import decode_config as dc
     from pallas_kernels import hardware
 
     heads = p.n_heads + 2 * p.n_kv_heads
     limit = hardware.INTERPRET_MAX_CLUSTER if interpret else hardware.MAX_CLUSTER
-    split = min(limit, p.d_model // 64, max(2, sms // heads))
-    if split < 2:
+    split = (min(limit, p.d_model // 64) if interpret  # the interpreter has no residency
+             else dc.one_wave_cluster_split(heads, p.d_model // 64, sms, limit))
+    if split is None or split < 2:
         return None
     return dc.deepest(dc.DecodeConfig(tile_n=p.head_dim // 2, split_k=split,
                                       reduction="cluster"), 2, streams=2,

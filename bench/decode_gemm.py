@@ -8,8 +8,8 @@
 Per launch (M x K x N_i; M = 1, 8, 16, 64): XLA's bf16 `x @ w_i`, one dot per weight
 as stock Flax runs them (cuBLAS, or at M = 1 XLA's reduction), and our decode kernel
 (all weights in one launch, row scale in the epilogue, `r` given) over a handful of
-configs, each split one also with its splits summed in a cluster (`reduction="cluster"`,
-label "cl"). `--launches single` (default): single weights at the presets' decode widths
+configs, and 64- and 128-column tiles with their K splits summed in a cluster
+(`reduction="cluster"`, label "cl"; `decode_config.one_wave_cluster_split`). `--launches single` (default): single weights at the presets' decode widths
 and a vocab head; `--launches presets`: the 1B-class presets' own q/k/v, o and down
 launches (bench/shapes.py's model dimensions); `--launches gemma`: Gemma-3-1B's o and down:
 first the model's pick at every shape, then (while the budget lasts) the
@@ -41,7 +41,6 @@ from bench import decode_table_writer, report, timing
 from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_configs
 from pallas_kernels import decode_matmul as dm
-from pallas_kernels import hardware
 
 BF16 = jnp.bfloat16
 Launch = tuple[int, tuple[int, ...]]  # (K, (N_1, N_2, ...)): the weights of one launch
@@ -95,11 +94,16 @@ def candidate_configs(m: int, k: int, ns: tuple[int, ...], sms: int) -> list[dc.
               (64, double)]
     picks = [dm.decode_config(m, k, ns, sms=sms)]
     picks += [dc.deepest(dc.DecodeConfig(tile_n=t, split_k=s), 2) for t, s in shapes]
-    # Each split config also summing in its cluster (no XLA reduction), right after the
-    # first two so that a short budget still compares the two reductions.
-    clustered = [dc.deepest(dataclasses.replace(c, reduction="cluster"), 2) for c in picks
-                 if 1 < c.split_k <= hardware.MAX_CLUSTER]
-    return list(dict.fromkeys(picks[:2] + clustered[:2] + picks[2:] + clustered[2:]))
+    # 64- and 128-column tiles with their K splits summed in a cluster (no XLA reduction),
+    # every tile's cluster resident at once, right after the first two so that a short
+    # budget still compares the two reductions.
+    clustered = []
+    for tile_n in (64, 128):
+        tiles = sum(-(-n // tile_n) for n in ns)
+        if split := dc.one_wave_cluster_split(tiles, k_iters, sms):
+            clustered.append(dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=split,
+                                                        reduction="cluster"), 2))
+    return list(dict.fromkeys(picks[:2] + clustered + picks[2:]))
 
 
 def losing_launches(rows: Sequence[int]) -> list[tuple[int, int, tuple[int, ...]]]:

@@ -44,7 +44,6 @@ import numpy as np
 from bench import decode_gemm, decode_table_writer, report, timing
 from jaxnorm.backends import decode_gated_measured
 from pallas_kernels import decode_config as dc
-from pallas_kernels import hardware
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
 BF16 = jnp.bfloat16
@@ -62,12 +61,11 @@ TABLE_PATH = Path(decode_gated_measured.__file__)
 
 def candidate_configs(m: int, k: int, n: int, sms: int) -> list[dc.DecodeConfig]:
     """The model's pick first, then the one-warpgroup tiles with the K splits summed in a
-    cluster (as many splits, at most 8, as fill the SMs with units), then the other
+    cluster (`decode_config.one_wave_cluster_split`), then the other
     GATED_TILES unsplit; each as deep as SMEM allows."""
     picks = [dc.gated_decode_config(m, k, n, sms=sms)]
     for tile_n in (64, 128):
-        split = min(hardware.MAX_CLUSTER, k // 64, max(1, sms // -(-n // tile_n)))
-        if split > 1:
+        if split := dc.one_wave_cluster_split(-(-n // tile_n), k // 64, sms):
             picks.append(dc.deepest(dc.DecodeConfig(tile_n=tile_n, split_k=split,
                                                     reduction="cluster"), 2, streams=2))
     picks += [dc.deepest(dc.DecodeConfig(tile_n=t, warpgroups=w), 2, streams=2)

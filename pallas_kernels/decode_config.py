@@ -154,6 +154,18 @@ def units(config: DecodeConfig, ns: Sequence[int]) -> int:
     return sum(pl.cdiv(n, config.cta_tile_n) for n in ns) * config.split_k
 
 
+def one_wave_cluster_split(tiles: int, k_iters: int, sms: int,
+                           limit: int = hardware.MAX_CLUSTER) -> int | None:
+    """The cluster width S (2..limit, at most the K steps) that puts the most CTAs to work
+    while all `tiles` clusters run at once (tiles <= `hardware.resident_clusters(S)`), or
+    None where none does. A cluster per tile that must wait for a whole cluster to finish
+    runs the launch in two rounds: on the H200 that doubled the kernel (bench.decode_gemm,
+    docs/mosaic-notes.md)."""
+    fitting = [s for s in range(2, min(limit, k_iters) + 1)
+               if tiles <= hardware.resident_clusters(s, sms)]
+    return max(fitting, default=None)
+
+
 def split_bounds(split: int, k_iters: int, split_k: int) -> tuple[int, int]:
     """K steps [lo, hi) of one split: sizes differ by at most one step."""
     return split * k_iters // split_k, (split + 1) * k_iters // split_k

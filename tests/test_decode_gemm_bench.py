@@ -8,7 +8,7 @@ import json
 import jax.numpy as jnp
 
 from bench import decode_gemm
-from pallas_kernels import decode_configs
+from pallas_kernels import decode_configs, hardware
 
 
 def test_smoke_run_checks_times_and_reports(tmp_path):
@@ -52,3 +52,18 @@ def test_losing_launches_are_the_tables_losses_at_the_rows_asked():
     expected = {shape for shape, ratio in ratios.items() if ratio > 1.0 and shape[0] in rows}
     assert set(losing) == expected and expected
     assert [ratios[s] for s in losing] == sorted((ratios[s] for s in losing), reverse=True)
+
+
+def test_cluster_candidates_keep_every_tiles_cluster_resident():
+    """A cluster per tile that waits for another to finish runs the launch in two rounds:
+    each cluster candidate's tiles fit the H200's resident clusters at its width."""
+    for m, k, ns in [(8, 8192, (2048,)), (8, 2048, (1024,)), (1, 2048, (2048, 512, 512))]:
+        clustered = [c for c in decode_gemm.candidate_configs(m, k, ns, 132) if c.cluster_splits]
+        assert clustered
+        for c in clustered:
+            tiles = sum(-(-n // c.tile_n) for n in ns)
+            assert tiles <= hardware.resident_clusters(c.split_k, 132)
+            assert c.split_k == 8 or tiles > hardware.resident_clusters(c.split_k + 1, 132)
+    # 32 tiles of 64 columns: 30 clusters of 4 are resident on the H200, 43 of 3.
+    assert decode_gemm.dc.one_wave_cluster_split(32, 128, 132) == 3
+    assert decode_gemm.dc.one_wave_cluster_split(200, 128, 132) is None
