@@ -659,9 +659,13 @@ def decode_gemm_statistic_cases() -> list[tuple[str, str, Callable[[], str]]]:
 # The decode GEMM with its K splits summed in a cluster (reduction="cluster": rank 0 reads its
 # peers' partials through DSMEM on the GPU, through global scratch under the interpreter) at
 # the 1B-class presets' o, down and q/k/v launches: (M, K, (N_i...)), split, tile_n, warpgroups.
+# The last case walks 16 tiles of 128 columns with 15 resident clusters of 8 (a cluster
+# reuses its buffers); a bench process died with a launch failure at that config, M = 8
+# (bench/results/2026-12-05-decode-cold), so it runs after the others.
 DECODE_CLUSTER_CASES = [((1, 2048, (1024,)), 8, 64, 1), ((8, 3072, (1024,)), 8, 64, 1),
                         ((8, 8192, (2048,)), 4, 128, 1), ((64, 2048, (2048, 512, 512)), 2, 64, 2),
-                        ((8, 1024, (1152,)), 6, 64, 1)]
+                        ((8, 1024, (1152,)), 6, 64, 1), ((8, 8192, (2048,)), 6, 128, 1),
+                        ((8, 2048, (2048,)), 3, 64, 1), ((8, 8192, (2048,)), 8, 128, 1)]
 
 
 def decode_gemm_cluster_cases() -> list[tuple[str, str, Callable[[], str]]]:
