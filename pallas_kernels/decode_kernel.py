@@ -345,7 +345,8 @@ def _kernel(*refs, config: DecodeConfig, plan: Plan, via_global: bool):
                 smem=partial_smem, gmem=partials_gmem, ready=partial_ready, free=partial_free,
                 wg=wg_idx, cluster=lax.axis_index("sm"), splits=split,
                 gpu_fences=not via_global, ssq_smem=partial_ssq_smem,
-                ssq_gmem=ssq_gmem) if cluster else None
+                ssq_gmem=ssq_gmem, rows=x_box,
+                own_buffer_free=not shared_region) if cluster else None
             if row_gmem is not None:
                 plgpu.barrier_wait(row_ready)
             if plan.constants:
@@ -479,6 +480,11 @@ class PartialExchange(NamedTuple):
     # [warpgroups, 64] in SMEM or [clusters, splits, warpgroups, 64] in the global scratch.
     ssq_smem: Any = None
     ssq_gmem: Any = None
+    # Rows of x's tile (`x_box_rows`): the partials' rows that hold data. Where rank 0's own
+    # partial buffer is free (it does not share its region with the constants), rank 0
+    # reads only these rows of its peers' (`_plus_dsmem_partial_rows`).
+    rows: int = MAX_ROWS
+    own_buffer_free: bool = False
 
 
 def _cluster_fence(ex: PartialExchange) -> None:
@@ -534,8 +540,11 @@ def _add_peer_partials(accs: list[Array], ex: PartialExchange,
     totals = []
     for j, acc in enumerate(accs):
         if ex.gmem is None:
-            totals.append(_plus_dsmem_partials(acc, ex.smem.at[j, ex.wg], ex.splits,
-                                               plgpu.Layout.WGMMA, mgpu.WGMMA_LAYOUT))
+            totals.append(
+                _plus_dsmem_partial_rows(acc, ex.smem.at[j, ex.wg], ex.splits, ex.rows)
+                if ex.own_buffer_free else
+                _plus_dsmem_partials(acc, ex.smem.at[j, ex.wg], ex.splits,
+                                     plgpu.Layout.WGMMA, mgpu.WGMMA_LAYOUT))
             continue
         for peer in range(1, ex.splits):
             acc = acc + plgpu.load(ex.gmem.at[ex.cluster, peer, j, ex.wg],
@@ -573,6 +582,36 @@ def _plus_dsmem_partials(acc: Array, partial_smem, splits: int, layout,
             total = total + mgpu.FragmentedArray.load_untiled(
                 peer_ref, layout=mgpu_layout, optimized=False)
         return total
+
+    return emit(partial_smem, acc)
+
+
+def _plus_dsmem_partial_rows(acc: Array, partial_smem, splits: int, rows: int) -> Array:
+    """acc ([64, tile_n] float32, WGMMA layout) + rows [0, rows) of the same SMEM buffer of
+    cluster ranks 1..splits-1, read through DSMEM into this CTA's own copy of the buffer
+    (rank 0 publishes none). Only x's tile rows hold data, and rows past them reach output
+    rows that are never stored (`x_box_rows`): at M <= 8 this reads 1/8 of the tile, in
+    16-byte vectors that a thread issues back to back, where the whole tile in the WGMMA
+    layout paid a remote round trip per 8 bytes (bench/results/2026-12-05-decode-cold)."""
+    layout = plgpu.Layout.WGMMA
+    tile_n = acc.shape[1]
+    vec = next(v for v in (4, 2, 1) if rows * tile_n % (v * 128) == 0)
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), layout),
+                       return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=layout))
+    def emit(_ctx, ref, total):
+        mgpu_utils.warpgroup_barrier()  # the last round's reads of this buffer are done
+        summed = None
+        for peer in range(1, splits):
+            peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
+                                                  mgpu_utils.c(peer, ir.IndexType.get()))
+            part = mgpu.FragmentedArray.load_strided(
+                mgpu_utils.memref_slice(peer_ref, slice(0, rows)), vec_size=vec)
+            summed = part if summed is None else summed + part
+        summed.store_untiled(mgpu_utils.memref_slice(ref, slice(0, rows)))
+        mgpu_utils.warpgroup_barrier()  # every thread's rows are in before any reads them
+        return total + mgpu.FragmentedArray.load_untiled(ref, layout=mgpu.WGMMA_LAYOUT,
+                                                         optimized=False)
 
     return emit(partial_smem, acc)
 
