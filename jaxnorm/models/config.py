@@ -132,15 +132,18 @@ class ModelConfig:
 
     @property
     def kv_layout(self) -> str:
-        """The KV cache's layout in effect: `cache_layout`, else by `fused`.
+        """The KV cache's layout in effect: `cache_layout`, else "bksd" for a fused model
+        with several KV heads, "bskd" otherwise.
 
         XLA's attention dots (B > 1) read keys and values as [B, KV, S, D]; a [B, S, KV, D]
         cache is re-laid out for them: once around a jitted decode loop (both directions),
         or on every step of a jitted single step (H200: bench/results/2026-12-04-model-suite,
-        the "copy" kernels of decode at B >= 8, none with one KV head)."""
+        the "copy" kernels of decode at B >= 8). With one KV head there is nothing to
+        re-lay out, and [B, 1, S, D] cost copies that [B, S, 1, D] did not (Gemma-3-1B
+        decode at B = 64: 125 against 27.5 us a step, bench/results/2026-12-05-decode-cold)."""
         if self.cache_layout is not None:
             return self.cache_layout
-        return "bksd" if self.fused else "bskd"
+        return "bksd" if self.fused and self.n_kv_heads > 1 else "bskd"
 
     def cache_shape(self, batch: int, max_len: int) -> tuple[int, int, int, int]:
         """The shape of one layer's keys (and values) in `kv_layout`."""
