@@ -51,19 +51,19 @@ Variant = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array
 
 
 def configs(m: int, k: int, n: int, sms: int, interpret: bool) -> tuple[dc.DecodeConfig, ...]:
-    """(two launches' config, one launch's): the table's (or the model's) pick, and the same
-    tiles with the splits summed in a cluster (at most the cluster limit), the stages
+    """(two launches' config, one launch's): the table's (or the model's) pick, and its
+    tiles with the K splits summed in a cluster as wide as keeps every tile's cluster
+    resident (`decode_config.one_wave_cluster_split`; unsplit where none does), the stages
     refitted to the residual tiles. Under the interpreter two splits, so that the smoke run
     takes both reductions."""
-    two = (dc.DecodeConfig(tile_n=64, split_k=2, stages=3) if interpret
-           else dm.decode_config(m, k, [n], sms=sms))
-    limit = hardware.INTERPRET_MAX_CLUSTER if interpret else hardware.MAX_CLUSTER
-    split = min(two.split_k, limit)
-    one = dataclasses.replace(two, split_k=split,
-                              reduction="cluster" if split > 1 else "xla")
-    if n % one.cta_tile_n:
-        one = dataclasses.replace(one, tile_n=64, warpgroups=1)
-    return two, one
+    if interpret:
+        two = dc.DecodeConfig(tile_n=64, split_k=2, stages=3)
+        return two, dataclasses.replace(two, reduction="cluster")
+    two = dm.decode_config(m, k, [n], sms=sms)
+    one = two if n % two.cta_tile_n == 0 else dataclasses.replace(two, tile_n=64, warpgroups=1)
+    split = dc.one_wave_cluster_split(n // one.cta_tile_n, k // one.tile_k, sms) or 1
+    return two, dataclasses.replace(one, split_k=split,
+                                    reduction="cluster" if split > 1 else "xla")
 
 
 def variants(two: dc.DecodeConfig, one: dc.DecodeConfig, interpret: bool) -> dict[str, Variant]:
