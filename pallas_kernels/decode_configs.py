@@ -4,17 +4,19 @@ bench.decode_gemm --write-table`.
 `decode_config.decode_config` takes the entry nearest a launch's (M, K, total N) in log2
 space within `decode_config.TABLE_RADIUS_LOG2`, among entries of at most as many weights
 (the same count first), on a GPU with PROVENANCE's SM count; the modelled pick elsewhere.
-Each entry keeps its ratio to one cuBLAS dot per weight (as stock Flax runs them), which
-automatic dispatch reads (jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
+Each entry keeps its ratio to one cuBLAS dot per weight (as stock Flax writes them; XLA
+merges dots that share x, and their output slices, which a model fuses into consumers, are
+left out: `bench.decode_table_writer.cublas_slice_share`), which automatic dispatch reads
+(jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
 """
 
 # The runs: commands, UTC date of the last, GPU, its SM count, commits.
 PROVENANCE: dict[str, str | int | None] = {
-    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06); python -m bench.decode_gemm --launches gemma --rows 1,8 --configs 2 --budget-s 90 (f5ba9ca); python -m bench.decode_gemm --launches unmeasured --rows 1,8 --configs 2 --budget-s 80 (2f62cf1); python -m bench.decode_gemm --launches llama3-8b --rows 1,8 --configs 3 --budget-s 130 (24ace05); python -m bench.decode_gemm --launches losing --rows 1,8,64 --configs 8 --budget-s 360 (dff8b8c); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 4 --budget-s 240 (c613609, timed cold)',
+    'command': 'python -m bench.decode_gemm --rows 1,64 --budget-s 210 (2c4f233); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 2 --budget-s 120 (f704e06); python -m bench.decode_gemm --launches gemma --rows 1,8 --configs 2 --budget-s 90 (f5ba9ca); python -m bench.decode_gemm --launches unmeasured --rows 1,8 --configs 2 --budget-s 80 (2f62cf1); python -m bench.decode_gemm --launches llama3-8b --rows 1,8 --configs 3 --budget-s 130 (24ace05); python -m bench.decode_gemm --launches losing --rows 1,8,64 --configs 8 --budget-s 360 (dff8b8c); python -m bench.decode_gemm --launches presets --rows 1,8 --configs 4 --budget-s 240 (c613609, timed cold); python -m bench.decode_gemm --launches presets --rows 8 --configs 4 --budget-s 130 (5388ec1)',
     'date': '2026-12-05T01:57:58+00:00',
     'device': 'NVIDIA H200',
     'sms': 132,
-    'commit': '2c4f233, f704e06, f5ba9ca, 2f62cf1, 24ace05, dff8b8c, c613609',
+    'commit': '2c4f233, f704e06, f5ba9ca, 2f62cf1, 24ace05, dff8b8c, c613609, 5388ec1',
 }
 
 # ((M, K, (N_i...)), DecodeConfig fields, ours / cuBLAS): each launch's fastest.
@@ -54,25 +56,25 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
     ((1, 2048, (2048, 512, 512)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.313),
     ((8, 2048, (2048, 512, 512)),
-     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.812),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.443),
     ((1, 2048, (2048,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 5, 'stages': 12, 'warpgroups': 1}, 0.541),
     ((8, 2048, (2048,)),
-     {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 0.988),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 4, 'stages': 12, 'warpgroups': 1}, 0.993),
     ((8, 8192, (2048,)),
-     {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 1.072),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 8, 'stages': 8, 'warpgroups': 1}, 1.081),
     ((1, 1024, (2048, 1024, 1024)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.346),
     ((8, 1024, (2048, 1024, 1024)),
-     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.605),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.967),
     ((1, 2048, (1024,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 0.607),
     ((8, 2048, (1024,)),
-     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 1.021),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 1.015),
     ((1, 3072, (1024,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 0.401),
     ((8, 3072, (1024,)),
-     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 1.062),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 8, 'stages': 12, 'warpgroups': 1}, 1.059),
     ((1, 1024, (1152,)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 0.771),
     ((8, 1024, (1152,)),
@@ -88,7 +90,7 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
     ((1, 1152, (1024, 256, 256)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 0.553),
     ((8, 1152, (1024, 256, 256)),
-     {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 1.036),
+     {'tile_n': 64, 'tile_k': 64, 'split_k': 6, 'stages': 12, 'warpgroups': 1}, 2.248),
     ((1, 4096, (4096,)),
      {'tile_n': 128, 'tile_k': 64, 'split_k': 4, 'stages': 8, 'warpgroups': 1}, 1.062),
     ((8, 4096, (4096,)),
@@ -98,7 +100,7 @@ ENTRIES: tuple[tuple[tuple[int, int, tuple[int, ...]], dict[str, int], float], .
     ((1, 4096, (4096, 1024, 1024)),
      {'tile_n': 64, 'tile_k': 64, 'split_k': 1, 'stages': 12, 'warpgroups': 1}, 0.335),
     ((8, 4096, (4096, 1024, 1024)),
-     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 0.821),
+     {'tile_n': 128, 'tile_k': 64, 'split_k': 1, 'stages': 8, 'warpgroups': 1}, 1.042),
     ((1, 4096, (32768,)),
      {'tile_n': 256, 'tile_k': 64, 'split_k': 1, 'stages': 5, 'warpgroups': 1}, 1.014),
     ((8, 4096, (32768,)),

@@ -213,13 +213,18 @@ def test_table_writer_round_trips_runs(tmp_path):
                                                             stages=12, warpgroups=1))])],
             environment=dict(date_utc="2026-12-01T00:00:00+00:00", devices=["NVIDIA H200"]))
 
-    docs = [run([1024], 0.95), run([512, 512], 0.9), run([1024], 0.97)]
+    docs = [run([1024], 0.95), run([512, 512], 0.6), run([1024], 0.97)]
+    # cuBLAS's side of the two-weight launch: one merged GEMM, two slices (a third of it).
+    docs[1]["rows"][0]["xla"] = dict(us=9.0, kernels=[["gemm_fusion_dot", 6.0],
+                                                      ["loop_slice_fusion", 1.5],
+                                                      ["loop_slice_fusion_1", 1.5]])
     source = decode_table_writer.table_source(docs, "python -m bench.decode_gemm", "abc1234")
     namespace: dict = {}
     exec(compile(source, "decode_configs.py", "exec"), namespace)
     assert namespace["PROVENANCE"]["commit"] == "abc1234"
     config = docs[0]["rows"][0]["configs"][0]["config"]
-    # The later run's measurement of a launch replaces the earlier one.
+    # The later run's measurement of a launch replaces the earlier one; the two-weight
+    # launch's ratio is to the GEMM alone (0.6 * 9 / 6), as a model pays it.
     assert namespace["ENTRIES"] == (((1, 512, (1024,)), config, 0.97),
                                     ((1, 512, (512, 512)), config, 0.9))
     with pytest.raises(ValueError, match="smoke"):

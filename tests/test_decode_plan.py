@@ -60,14 +60,16 @@ def test_qwen3_decode_at_batch_1_runs_four_mosaic_launches_a_layer_and_nothing_o
     assert plan["other_custom_calls"]["stock"] == {}
 
 
-def test_llama3_8b_decode_at_batch_8_runs_only_qkv_on_the_decode_gemm():
-    """At M = 8 only Llama-3-8B's q/k/v launch measured faster than cuBLAS (0.821x); o, down
-    and the head measured slower (1.09, 1.04, 1.01x), so the step has one Mosaic launch a
-    layer, every other op on XLA with its measured reason and none for want of one."""
+def test_llama3_8b_decode_at_batch_8_runs_no_launch_on_the_decode_gemm():
+    """At M = 8 no launch of Llama-3-8B's measured faster than cuBLAS as a model runs it:
+    q/k/v 1.04x XLA's merged GEMM alone (0.821x with the output slices a model fuses away),
+    o, down and the head 1.09, 1.04, 1.01x; so every op is on XLA with its measured reason
+    and none for want of one."""
     plan = decode_plan.plan(model_suite.SHAPES["llama3-8b"], 8)
-    layers = model_suite.SHAPES["llama3-8b"].cfg.n_layers
-    assert plan["mosaic_per_step"] == layers
+    assert plan["mosaic_per_step"] == 0
     assert plan["unmeasured"] == []
     assert len(plan["fallbacks"]["residual_dense"]) == 2  # o's reason and down's
-    assert any("32768" in reason for reason in plan["fallbacks"]["rms_norm_dense"])  # head
+    reasons = plan["fallbacks"]["rms_norm_dense"]
+    assert any("32768" in reason for reason in reasons)  # head
+    assert any("4096+1024+1024" in reason for reason in reasons)  # q/k/v
     assert plan["host_work"] == {"jaxnorm": [], "stock": []}
