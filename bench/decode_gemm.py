@@ -21,7 +21,7 @@ copies larger than L2. Each config's output is checked once against XLA's
 float32 product before it is timed; a wrong config is reported, never timed.
 Several weights' dots XLA merges into one GEMM plus a slice kernel per output, which a
 model fuses into consumers: "its GEMM alone" leaves the slices out, as the table does
-(`decode_table_writer.cublas_slice_share`). Bandwidth is weight bytes over kernel time,
+(`decode_table_writer.xla_slice_share`). Bandwidth is weight bytes over kernel time,
 next to an XLA copy's bandwidth (read + write of a 512 MiB buffer) measured in the same
 run. decode-gemm.json is rewritten after every shape; decode-gemm.md holds the table.
 Shapes start only while the wall-clock budget lasts.
@@ -240,7 +240,7 @@ def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable
             f"{row['weight_mb']:.1f}",
             report.fmt(row["xla"]["us"]), report.fmt(best["us"] if best else None),
             report.fmt(row.get("ratio"), 2),
-            report.fmt(row["ratio"] / (1 - decode_table_writer.cublas_slice_share(row["xla"]))
+            report.fmt(row["ratio"] / (1 - decode_table_writer.xla_slice_share(row["xla"]))
                        if row.get("ratio") else None, 2),
             report.fmt(row.get("pick_ratio"), 2),
             report.fmt(best["tb_s"] if best else None, 2),

@@ -6,7 +6,7 @@ space within `decode_config.TABLE_RADIUS_LOG2`, among entries of at most as many
 (the same count first), on a GPU with PROVENANCE's SM count; the modelled pick elsewhere.
 Each entry keeps its ratio to one cuBLAS dot per weight (as stock Flax writes them; XLA
 merges dots that share x, and their output slices, which a model fuses into consumers, are
-left out: `bench.decode_table_writer.cublas_slice_share`), which automatic dispatch reads
+left out: `bench.decode_table_writer.xla_slice_share`), which automatic dispatch reads
 (jaxnorm/backends/mosaic_dense.py). Regenerate rather than edit.
 """
 

@@ -82,5 +82,15 @@ def test_the_table_module_holds_each_shapes_ratios():
     namespace = {}
     exec(decode_table_writer.attention_table_source(runs, "cmd", "abc"), namespace)
     assert namespace["ENTRIES"] == (((8, 1024, 16, 8, 128), 0.3, 0.45, split),)
+    # Stock's slice kernel (v returned as it is) is left out: a model fuses it away.
+    sliced = [*timed[:2], dict(timed[2], kernels=[["gemm_fusion_dot", 7.5],
+                                                  ["wrapped_slice", 2.5]])]
+    namespace = {}
+    exec(decode_table_writer.attention_table_source(
+        [dict(first, rows=[dict(preset="q", m=8, shape=shape, variants=sliced)])], "cmd", "abc"),
+        namespace)
+    ((_, folded, unfolded, _),) = namespace["ENTRIES"]
+    assert (folded, unfolded) == (pytest.approx(0.4 / 0.75, abs=1e-3),
+                                  pytest.approx(0.45 / 0.75, abs=1e-3))
     with pytest.raises(ValueError, match="--smoke"):
         decode_table_writer.attention_table_source([dict(first, smoke=True)], "cmd", "abc")

@@ -125,7 +125,7 @@ def _slower_than_xla(x: Array, kernels: tuple[Array, ...]) -> str | None:
 # was timed inside L2 and against three slice kernels that XLA's merged q/k/v GEMM needed
 # only because the bench returned its outputs apart; against the GEMM alone, timed cold, the
 # launch is 1.31-1.44x (bench/results/2026-12-05-decode-cold; the table's ratios are so
-# since, `bench.decode_table_writer.cublas_slice_share`). The margin stays until a model
+# since, `bench.decode_table_writer.xla_slice_share`). The margin stays until a model
 # step shows a launch between it and 1 paying off.
 DECODE_MAX_RATIO = 0.9
 
