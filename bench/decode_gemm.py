@@ -9,8 +9,9 @@ Per launch (M x K x N_i; M = 1, 8, 16, 64): XLA's bf16 `x @ w_i`, one dot per we
 as stock Flax runs them (cuBLAS, or at M = 1 XLA's reduction), and our decode kernel
 (all weights in one launch, row scale in the epilogue, `r` given) over a handful of
 configs, and 64- and 128-column tiles with their K splits summed in a cluster
-(`reduction="cluster"`, label "cl"; `decode_config.one_wave_cluster_split`). `--launches single` (default): single weights at the presets' decode widths
-and a vocab head; `--launches presets`: the 1B-class presets' own q/k/v, o and down
+(`reduction="cluster"`, label "cl"; `decode_config.one_wave_cluster_split`).
+`--launches single` (default): single weights at the presets' decode widths and a vocab
+head; `--launches presets`: the 1B-class presets' own q/k/v, o and down
 launches (bench/shapes.py's model dimensions); `--launches gemma`: Gemma-3-1B's o and down:
 first the model's pick at every shape, then (while the budget lasts) the
 alternatives, each pass measured interleaved with cuBLAS (two rounds, the
@@ -240,7 +241,7 @@ def table(rows: list[dict[str, Any]], copy_bw: float | None) -> report.TextTable
             f"{row['weight_mb']:.1f}",
             report.fmt(row["xla"]["us"]), report.fmt(best["us"] if best else None),
             report.fmt(row.get("ratio"), 2),
-            report.fmt(row["ratio"] / (1 - decode_table_writer.xla_slice_share(row["xla"]))
+            report.fmt(decode_table_writer.without_slices(row["ratio"], row["xla"])
                        if row.get("ratio") else None, 2),
             report.fmt(row.get("pick_ratio"), 2),
             report.fmt(best["tb_s"] if best else None, 2),

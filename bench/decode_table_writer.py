@@ -28,6 +28,12 @@ def xla_slice_share(xla: dict[str, Any] | None) -> float:
     return sum(us for name, us in kernels if "slice" in name) / total if total else 0.0
 
 
+def without_slices(ratio: float, xla: dict[str, Any] | None) -> float:
+    """A ratio to an XLA baseline's time, made a ratio to that time less its slice kernels
+    (`xla_slice_share`): what the baseline costs in a model."""
+    return ratio / (1 - xla_slice_share(xla))
+
+
 def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int], float]]:
     """(M, K, (N_i...)) -> (fastest correct config, its ratio to cuBLAS's time less its
     slice kernels, `xla_slice_share`); later runs win."""
@@ -36,8 +42,8 @@ def _entries(docs: Sequence[dict[str, Any]]) -> dict[tuple, tuple[dict[str, int]
         best = next((c for c in row["configs"] if c["label"] == row.get("best")), None)
         if best is not None:
             m, k, n = row["shape"]
-            ratio = row["ratio"] / (1 - xla_slice_share(row.get("xla")))
-            entries[(m, k, tuple(row.get("ns", [n])))] = best["config"], ratio
+            entries[(m, k, tuple(row.get("ns", [n])))] = (
+                best["config"], without_slices(row["ratio"], row.get("xla")))
     return entries
 
 
@@ -153,11 +159,11 @@ def attention_table_source(docs: Sequence[dict[str, Any]], command: str, commit:
                   if "vs_stock" in by_label.get(v, {})]
         best = min(folded, key=lambda e: e["vs_stock"], default=None)
         unfolded = by_label.get(bench.UNFOLDED, {}).get("vs_stock")
-        to_model = 1 / (1 - xla_slice_share(by_label.get(bench.STOCK)))  # v's slice
+        stock = by_label.get(bench.STOCK)  # its slice of v is left out
         # Runs before the Llama preset had QK-norm at every shape.
         entries[shape.get("qk_norm", True)][key] = (
-            best and best["vs_stock"] * to_model, unfolded and unfolded * to_model,
-            best and best.get("config"))
+            best and without_slices(best["vs_stock"], stock),
+            unfolded and without_slices(unfolded, stock), best and best.get("config"))
     entry_type = ("tuple[tuple[int, int, int, int, int], float | None, float | None, "
                   "dict[str, int | str] | None]")
 

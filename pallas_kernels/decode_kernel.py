@@ -33,9 +33,10 @@ stream's GEMM at decode in one launch.
 A step counter runs across a CTA's units, so the pipeline never drains between
 them. The row statistic in-kernel (S = 1, where a unit sees all of K, or a cluster
 whose ranks' sums of squares rank 0 adds with the partials): the x tile is read from
-shared memory in the WGMMA layout, the one Mosaic loads a 128-byte-swizzled tile into and reduces along rows inside a warp; it needs 64
-rows, so rows past the box (never written) are read too and reach only output
-rows that are never stored. Knobs and selection: pallas_kernels/decode_config.py.
+shared memory in the WGMMA layout, the one Mosaic loads a 128-byte-swizzled tile into
+and reduces along rows inside a warp; it needs 64 rows, so rows past the box (never
+written) are read too and reach only output rows that are never stored. Knobs and
+selection: pallas_kernels/decode_config.py.
 """
 
 from __future__ import annotations
@@ -577,13 +578,17 @@ def _plus_dsmem_partials(acc: Array, partial_smem, splits: int, layout,
                        return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=layout))
     def emit(_ctx, ref, total):
         for peer in range(1, splits):
-            peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
-                                                  mgpu_utils.c(peer, ir.IndexType.get()))
             total = total + mgpu.FragmentedArray.load_untiled(
-                peer_ref, layout=mgpu_layout, optimized=False)
+                _peer_ref(ref, peer), layout=mgpu_layout, optimized=False)
         return total
 
     return emit(partial_smem, acc)
+
+
+def _peer_ref(ref, peer: int):
+    """Mosaic GPU: the same SMEM buffer of cluster rank `peer` (DSMEM)."""
+    return mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
+                                      mgpu_utils.c(peer, ir.IndexType.get()))
 
 
 def _plus_dsmem_partial_rows(acc: Array, partial_smem, splits: int, rows: int) -> Array:
@@ -603,10 +608,8 @@ def _plus_dsmem_partial_rows(acc: Array, partial_smem, splits: int, rows: int) -
         mgpu_utils.warpgroup_barrier()  # the last round's reads of this buffer are done
         summed = None
         for peer in range(1, splits):
-            peer_ref = mgpu_utils.get_cluster_ref(ref, gpu.Dimension.x,
-                                                  mgpu_utils.c(peer, ir.IndexType.get()))
             part = mgpu.FragmentedArray.load_strided(
-                mgpu_utils.memref_slice(peer_ref, slice(0, rows)), vec_size=vec)
+                mgpu_utils.memref_slice(_peer_ref(ref, peer), slice(0, rows)), vec_size=vec)
             summed = part if summed is None else summed + part
         summed.store_untiled(mgpu_utils.memref_slice(ref, slice(0, rows)))
         mgpu_utils.warpgroup_barrier()  # every thread's rows are in before any reads them
