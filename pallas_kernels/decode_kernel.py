@@ -495,6 +495,27 @@ def _cluster_fence(ex: PartialExchange) -> None:
         ptx_fence("fence.acq_rel.cluster;")
 
 
+def _release_to_cluster(ex: PartialExchange) -> None:
+    """Before an arrival that hands the partial buffers over (`ready`: ranks 1..S-1's stores;
+    `free`: rank 0's DSMEM reads): the cluster fence, then a warpgroup barrier. A cluster
+    barrier's arrival is one thread per peer CTA (thread 8p on rank p's barrier, warps 0 and 1;
+    `mgpu.CollectiveBarrierRef.arrive`), so without the barrier a peer could see the phase
+    complete while warps 2 and 3 still store or read, and after the last round exit while
+    rank 0 still reads its shared memory (tests/test_cuda_lowering_cluster_exchange.py)."""
+    _cluster_fence(ex)
+    if ex.gpu_fences:
+        _warpgroup_barrier()
+
+
+def _warpgroup_barrier() -> None:
+    """Mosaic GPU's barrier of this warpgroup's 128 threads (bar.sync)."""
+    @plgpu.inline_mgpu()
+    def emit(_ctx):
+        mgpu_utils.warpgroup_barrier()
+
+    emit()
+
+
 def _wait_free(ex: PartialExchange) -> None:
     plgpu.barrier_wait(ex.free)
     _cluster_fence(ex)
@@ -522,7 +543,7 @@ def _publish_partial(accs: list[Array], ex: PartialExchange, round_index: Array,
                 ex.ssq_gmem[ex.cluster, rank, ex.wg] = row_ssq
             else:
                 ex.ssq_smem[ex.wg] = row_ssq
-        _cluster_fence(ex)
+        _release_to_cluster(ex)
 
     plgpu.barrier_arrive(ex.ready)
     plgpu.barrier_wait(ex.ready)
@@ -559,7 +580,7 @@ def _add_peer_partials(accs: list[Array], ex: PartialExchange,
             for peer in range(1, ex.splits):
                 row_ssq = row_ssq + plgpu.load(ex.ssq_gmem.at[ex.cluster, peer, ex.wg],
                                                layout=row, optimized=False)
-    _cluster_fence(ex)
+    _release_to_cluster(ex)
     plgpu.barrier_arrive(ex.free)
     _wait_free(ex)
     return totals, row_ssq
