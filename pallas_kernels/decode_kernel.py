@@ -65,7 +65,7 @@ from pallas_kernels.gemm_kernel import (_swizzled, drain_releases, for_weight, g
                                         release_done_slot, release_last_slot)
 from pallas_kernels.lazy_norm_matmul import rms_row_scale
 from pallas_kernels.padding import round_up
-from pallas_kernels.row_stats import ptx_fence, safe_rsqrt
+from pallas_kernels.row_stats import ptx_fence, safe_rsqrt, warpgroup_barrier
 
 Array = jax.Array
 # y of one output piece from its streams' r * acc + b (float32): None keeps the one stream.
@@ -504,16 +504,7 @@ def _release_to_cluster(ex: PartialExchange) -> None:
     rank 0 still reads its shared memory (tests/test_cuda_lowering_cluster_exchange.py)."""
     _cluster_fence(ex)
     if ex.gpu_fences:
-        _warpgroup_barrier()
-
-
-def _warpgroup_barrier() -> None:
-    """Mosaic GPU's barrier of this warpgroup's 128 threads (bar.sync)."""
-    @plgpu.inline_mgpu()
-    def emit(_ctx):
-        mgpu_utils.warpgroup_barrier()
-
-    emit()
+        warpgroup_barrier()
 
 
 def _wait_free(ex: PartialExchange) -> None:

@@ -321,8 +321,7 @@ class RowStatsExchange:
         if self._via_semaphores:
             _signal_released(self._counter(semaphores, group, party), fence=self.gpu_fences)
         else:
-            if self.gpu_fences and self.cluster_size > 1:
-                ptx_fence("fence.acq_rel.cluster;")
+            self._release_to_cluster()
             plgpu.barrier_arrive(scratch.barrier)
 
     def collect(
@@ -358,9 +357,18 @@ class RowStatsExchange:
         """This party is done reading `gathered` (repeated DSMEM exchanges only)."""
         if not self._needs_free:
             return
-        if self.gpu_fences:
-            ptx_fence("fence.acq_rel.cluster;")
+        self._release_to_cluster()
         plgpu.barrier_arrive(scratch.free)
+
+    def _release_to_cluster(self) -> None:
+        """Before arriving on a cluster barrier: the cluster fence, then a warpgroup barrier.
+        The arrival is one thread per peer CTA (`mgpu.CollectiveBarrierRef.arrive`), whose
+        fence orders only its own accesses, so without the barrier a peer could see the
+        phase complete while other warps still store their partials into its shared memory
+        or read `gathered` (tests/test_cuda_lowering_cluster_exchange.py)."""
+        if self.gpu_fences and self.cluster_size > 1:
+            ptx_fence("fence.acq_rel.cluster;")
+            warpgroup_barrier()
 
     def finish(self, scratch: ExchangeScratch, rounds: jax.Array) -> None:
         """Observe the last round's releases, so no peer arrives on an exited CTA."""
@@ -412,6 +420,15 @@ def _signal_released(semaphore: Any, *, fence: bool) -> None:
             1, predicate=one_thread, relaxed=True, memory_scope="gpu")
 
     emit(semaphore)
+
+
+def warpgroup_barrier() -> None:
+    """Mosaic GPU's barrier of this warpgroup's 128 threads (bar.sync)."""
+    @plgpu.inline_mgpu()
+    def emit(_ctx):
+        mgpu_utils.warpgroup_barrier()
+
+    emit()
 
 
 def ptx_fence(ptx: str) -> None:

@@ -1,6 +1,7 @@
-"""The decode kernels' in-cluster split-K exchange as lowered for "cuda" (no GPU): every
-arrival on a cluster barrier follows a warpgroup barrier after this warpgroup's last access
-of the exchanged buffers.
+"""The in-cluster exchanges as lowered for "cuda" (no GPU): the decode kernels' split-K
+partials and the row norms' and post-norm GEMM's row statistics (`RowStatsExchange`, DSMEM
+transport). Every arrival on a cluster barrier follows a warpgroup barrier after this
+warpgroup's last access of the exchanged buffers.
 
 A cluster barrier's arrival is made by one thread per peer CTA (thread 8p of the warpgroup
 arrives on rank p's barrier: warps 0 and 1 only; `mgpu.CollectiveBarrierRef.arrive`), and
@@ -27,6 +28,8 @@ from pallas_kernels import decode_config as dc
 from pallas_kernels import decode_gated as dg
 from pallas_kernels import decode_matmul as dm
 from pallas_kernels import hardware
+from pallas_kernels import post_norm_matmul as pn
+from pallas_kernels import row_norm as rn
 
 H200 = hardware.h200_mesh()
 S = jax.ShapeDtypeStruct
@@ -127,3 +130,34 @@ def test_attention_input_exchange_is_synchronized(m):
     _check(fn, S((m, d), BF16), S((d, n_q * hd), BF16), S((d, n_kv * hd), BF16),
            S((d, n_kv * hd), BF16), S((hd,), F32), S((hd,), F32), S((m, hd // 2), F32),
            S((m, hd // 2), F32))
+
+
+@pytest.mark.parametrize("config", [
+    rn.RowNormConfig(block_m=1, warps_per_row=4, cluster_k=8, chunk_k=1024, transport="dsmem"),
+    rn.RowNormConfig(block_m=4, cluster_k=2, chunk_k=1024, transport="dsmem"),
+    rn.RowNormConfig(block_m=2, warps_per_row=2, cluster_k=4, chunk_k=1024, transport="dsmem")],
+    ids=["1row-cluster8", "4rows-cluster2", "2rows-cluster4"])
+def test_row_norm_exchange_is_synchronized(config):
+    """Each CTA stores its partial statistics into every peer's shared memory, then arrives;
+    with several row blocks per CTA, peers arrive on `free` after reading them. (Mosaic's
+    scalar stores already end in a warpgroup barrier; the exchange no longer relies on it.)"""
+    def fn(x):
+        return rn.row_norm(x, None, None, kind="layer", eps=1e-6, scale_offset=0.0,
+                           config=config)
+
+    _check(fn, S((256, 8192), BF16))
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_post_norm_exchange_is_synchronized(kind):
+    """The post-norm GEMM's rows spanning a cluster: statistics exchanged through DSMEM."""
+    m, k, n = 4096, 1024, 4096
+    config = pn.select_config(m, k, n, BF16, kind=kind, residual=True, transport="dsmem")
+    vec = S((n,), F32)
+
+    def fn(x, w, bias, scale, norm_bias, residual):
+        return pn.post_norm_matmul(x, w, bias, scale, norm_bias, residual, kind=kind, eps=1e-6,
+                                   config=config)
+
+    _check(fn, S((m, k), BF16), S((k, n), BF16), vec, vec, vec if kind == "layer" else None,
+           S((m, n), BF16))
