@@ -65,6 +65,18 @@ def _composition(x: Array, scale: Array | None, w_q: Array, w_k: Array, w_v: Arr
     return (*qkv, x_out) if return_input else qkv
 
 
+def _check_table(name: str, table: ArrayLike, lead: tuple[int, ...], head_dim: int) -> Array:
+    """A cos or sin table as float32, checked to broadcast to [*lead, head_dim / 2]."""
+    table = jnp.asarray(table, jnp.float32)
+    want = (*lead, head_dim // 2)
+    if (table.ndim > len(want) or table.shape[-1:] != want[-1:]
+            or any(t not in (1, w) for t, w in zip(table.shape[::-1], want[::-1]))):
+        raise ValueError(f"{name} must be [{', '.join(map(str, lead))}, head_dim/2="
+                         f"{head_dim // 2}] (a row per row of x) or broadcast to it; got "
+                         f"{table.shape}")
+    return table
+
+
 @dispatch.register(OP, "xla")
 def _xla(x, scale, w_q, w_k, w_v, q_scale, k_scale, cos, sin, stats=None, *, head_dim, eps,
          qk_eps, scale_offset, return_input=False):
@@ -97,7 +109,9 @@ def rms_norm_attention_input(
     x: [..., K]; scale: the input norm's gain [K] (None: folded into the weights or absent);
     w_q, w_k, w_v: [K, heads * head_dim] without biases; q_scale, k_scale: the per-head
     QK-norm gains [head_dim], or both None for no QK-norm; cos, sin: [..., head_dim / 2]
-    float32 tables of each row's position (angles = position * inverse frequency);
+    float32 tables of each row's position (angles = position * inverse frequency), or of
+    shape broadcasting to that (a prompt's [T, head_dim / 2], shared by the batch, as stock
+    RoPE computes it);
     `scale_offset` applies to all three gains (Gemma's 1 + g). `statistics`: x's RowStats
     from the residual GEMM that wrote it. `impl`: None (automatic), "xla", "mosaic" or
     "interpret". `return_input=True` returns (q, k, v, x), x for the residual stream, as
@@ -126,23 +140,20 @@ def rms_norm_attention_input(
         raise ValueError("q_scale and k_scale: both (QK-norm) or neither (no QK-norm, Llama)")
     _checks.check_vector("q_scale", q_scale, head_dim)
     _checks.check_vector("k_scale", k_scale, head_dim)
-    tables = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        t = jnp.asarray(t, jnp.float32)
-        if t.shape != (*lead, head_dim // 2):
-            raise ValueError(f"{name} must be [{', '.join(map(str, lead))}, head_dim/2="
-                             f"{head_dim // 2}] (a row per row of x); got {t.shape}")
-        tables.append(t.reshape(-1, head_dim // 2))
+    given_tables = [_check_table(name, t, lead, head_dim) for name, t in (("cos", cos),
+                                                                          ("sin", sin))]
+    tables = [jnp.broadcast_to(t, (*lead, head_dim // 2)).reshape(-1, head_dim // 2)
+              for t in given_tables]
     stats = None if statistics is None else row_stats.flat_rows(
         row_stats.check("statistics", statistics, x.shape))
-    cos_t, sin_t = tables
     args = (x.reshape(-1, k), None if scale is None else jnp.asarray(scale), *weights,
             *(None if g is None else jnp.asarray(g) for g in (q_scale, k_scale)), *tables, stats)
     kwargs = dict(head_dim=head_dim, eps=eps, qk_eps=qk_eps, scale_offset=scale_offset)
     chosen = dispatch.resolve(OP, impl, *args, **kwargs)
     if chosen == "xla" or args[0].shape[0] > MAX_ROWS:  # prefill: each op with `impl`, on x
-        # in the caller's shape, as the model's own layers compute it
-        shaped = (x, *args[1:7], cos_t.reshape(*lead, -1), sin_t.reshape(*lead, -1),
+        # in the caller's shape and with the tables as given, as the model's own layers
+        # compute it (tables broadcast over the batch in the RoPE's products, not before)
+        shaped = (x, *args[1:7], *given_tables,
                   None if stats is None else row_stats.reshaped(stats, lead))
         outs = _composition(*shaped, **kwargs, impl=impl, return_input=return_input)
     else:

@@ -157,8 +157,7 @@ def attention_input(cfg: ModelConfig, attn_in: nnx.Module, attn: nnx.Module, x: 
     has QK-norm) and rotated at `positions` ([T] or [B, T]): the decode attention-input
     kernel where dispatch picks it, else the unfused ops (`projections_and_stream`)."""
     given = x
-    b, t, _ = x.shape
-    angles = jnp.broadcast_to(positions, (b, t)).astype(jnp.float32)[..., None] * inv_freq
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # as `rope`
     norm_scale = None if attn_in.norm.scale is None else attn_in.norm.scale[...]
     qk_gains = ((attn.q_norm.scale[...], attn.k_norm.scale[...]) if cfg.qk_norm
                 else (None, None))
