@@ -29,8 +29,9 @@ NORM_GEMM_KNS_QUICK: KNs = NORM_GEMM_KNS[:2]
 POST_NORM_KNS: KNs = ((4096, (4096,)), (4096, (2048,)), (14336, (4096,)), (4096, (3584,)),
                       (14336, (3584,)))
 # r + Norm(x @ W): Gemma-2-9B's attention and MLP outputs (K = 16 x 256 and 14336, N = d =
-# 3584), OLMo-2's.
-POST_NORM_ADD_KNS: KNs = ((4096, (3584,)), (14336, (3584,)), (4096, (4096,)))
+# 3584), OLMo-2's, Gemma-3-1B's (K = 4 x 256 and 6912, N = 1152).
+POST_NORM_ADD_KNS: KNs = ((4096, (3584,)), (14336, (3584,)), (4096, (4096,)), (1024, (1152,)),
+                          (6912, (1152,)))
 POST_NORM_ADD_MS = (16, 2048, 4096, 8192)
 NORM_KS = (4096, 8192)
 TRAIN_KNS: KNs = NORM_GEMM_KNS[:2]

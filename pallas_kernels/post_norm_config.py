@@ -197,10 +197,21 @@ def select_gpu_config(
     not fit in a GPC: they use every SM where clusters of 4 or 8 leave 12 of
     the H200's 132 idle, and rows of 4096 keep 128 x 256 tiles. So a group is
     taken whenever it needs fewer rounds (row blocks per cluster or group), as
-    measured on the H200 (docs/post-norm.md, measured picks).
+    measured on the H200 (docs/post-norm.md, measured picks). A row no cluster of
+    <= 8 CTAs covers evenly (Gemma-3-1B's 1152 columns: 9 CTAs of 128) takes a group;
+    rows wider than a cluster's `max_n` stay unserved, as the op's rules say.
     """
-    cluster = select_config(m, k, n, dtype, kind=kind, residual=residual, transport="dsmem",
-                            num_sms=num_sms)
+    try:
+        cluster = select_config(m, k, n, dtype, kind=kind, residual=residual,
+                                transport="dsmem", num_sms=num_sms)
+    except Unsupported as no_cluster:
+        if n > max_n():
+            raise
+        try:
+            return select_config(m, k, n, dtype, kind=kind, residual=residual,
+                                 transport="semaphore", num_sms=num_sms)
+        except Unsupported:
+            raise no_cluster from None
     try:
         group = select_config(m, k, n, dtype, kind=kind, residual=residual,
                               transport="semaphore", num_sms=num_sms)

@@ -218,3 +218,15 @@ def test_dense_rms_norm_statistics_lower_through_the_op(m, k, n):
         return h, stats.mean, stats.m2
 
     _lower(fn, S((m, k), BF16), S((k, n), BF16), S((n,), jnp.float32), S((m, n), BF16))
+
+
+@pytest.mark.parametrize("m, k", [(4096, 1024), (4096, 6912), (2048, 1024), (2048, 6912)])
+def test_gemma_post_norms_lower_in_a_grid_group(m, k):
+    """Gemma-3-1B's post-attention and post-MLP norms, r + Norm(x @ W) at N = 1152, as
+    impl="mosaic" runs them on the GPU: one grid group of 9 CTAs a row."""
+    import jaxnorm
+
+    fn = functools.partial(jaxnorm.dense_rms_norm, impl="mosaic")
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        _lower(lambda x, w, g, r: fn(x, w, None, g, residual_after=r),
+               S((m, k), BF16), S((k, 1152), BF16), S((1152,), BF16), S((m, 1152), BF16))

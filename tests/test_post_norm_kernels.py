@@ -383,3 +383,26 @@ def test_gpu_picks_a_grid_group_where_it_saves_rounds(m, n, transport):
     assert config.transport == transport
     blocks = m // config.tile_m
     assert pn.grid_size(config, blocks) * config.cluster_n <= 132
+
+
+@pytest.mark.parametrize("m, k", [(4096, 1024), (4096, 6912), (2048, 1024), (2048, 6912)])
+def test_rows_no_cluster_covers_take_a_grid_group(m, k):
+    """Gemma-3-1B's o- and down-projections (N = 1152 = 9 CTAs of 128 columns): no cluster of
+    <= 8 CTAs covers the row evenly, so the GPU pick is a grid group of 9; rows neither
+    serves keep the cluster's reason."""
+    config = pn.select_gpu_config(m, k, 1152, BF16, kind="rms", residual=True, num_sms=132)
+    assert (config.transport, config.cluster_n, config.cta_n) == ("semaphore", 9, 128)
+    assert pn.grid_size(config, m // config.cta_m) * config.cluster_n <= 132
+    with pytest.raises(Unsupported, match="N=8192 > 4096"):
+        pn.select_gpu_config(m, k, 8192, BF16, kind="rms")
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_an_odd_group_of_ctas_shares_a_row(rng, kind):
+    """Three CTAs a row (six partials), as Gemma-3-1B's nine are on the GPU, the residual
+    added after the norm over two row blocks, judged against float64."""
+    config = pn.PostNormConfig(tile_m=64, tile_n=64, cluster_n=3, tile_k=32,
+                               max_concurrent_steps=2, transport="global", grid_clusters=1)
+    _run_and_check(rng, kind, 2 * config.cta_m, 96, 3 * config.cta_n, config, residual=True,
+                   vectors=True, pre_norm_sum=False,
+                   bias_mean=100.0 if kind == "layer" else 0.0, residual_after=True)

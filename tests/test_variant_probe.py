@@ -72,6 +72,27 @@ def test_residual_gemm_variant_takes_the_kernel_only_while_tracing():
     assert choice() == "xla"
 
 
+def test_post_norm_kernel_variant_takes_gemmas_post_norms_only_while_tracing():
+    """Gemma-3-1B's post-attention norm, r + Norm(x @ W) at 4096 x 1024 x 1152: declined as
+    unmeasured, taken (a grid group of 9 CTAs a row) under the variant."""
+    import jax.numpy as jnp
+    from pallas_kernels import hardware
+
+    x, w = jnp.ones((4096, 1024), jnp.bfloat16), jnp.ones((1024, 1152), jnp.bfloat16)
+    g, r = jnp.ones((1152,), jnp.bfloat16), jnp.ones((4096, 1152), jnp.bfloat16)
+
+    def choice() -> str:
+        with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+            return dispatch.resolve("dense_rms_norm", None, x, w, None, g, r, eps=1e-6,
+                                    pre_norm_sum=False, residual_after=True)
+
+    seen = []
+    variant_probe.traced_with(lambda: seen.append(choice()),
+                              lambda: variant_probe._kernel_everywhere("dense_rms_norm"))()
+    assert seen == ["mosaic"]
+    assert choice() == "xla"
+
+
 def test_scaled_norm_free_keeps_every_norms_output_at_unit_scale():
     shape = model_suite.QUICK
     stock = models.Transformer(shape.cfg.replace(fused=False), rngs=nnx.Rngs(5))

@@ -129,7 +129,8 @@ def _run_op(op: str, inputs: dict[str, Any]):
 
 # (op, full size, smoke size, dtype, residual, row mean): the backends' picks at the sizes
 # models use, clusters and grid groups of every width, padded rows, f16, large means;
-# residual "after" is r + Norm(x @ W + b) at Gemma-2-9B's (N = 3584) and OLMo-2's shapes.
+# residual "after" is r + Norm(x @ W + b) at Gemma-2-9B's (N = 3584), OLMo-2's and
+# Gemma-3-1B's (N = 1152: a grid group of 9 CTAs a row) shapes.
 OP_CASES = [
     ("rms_norm", (8192, 4096, 0), (64, 1024, 0), BF16, False, 0.0),
     ("rms_norm", (16, 8192, 0), (4, 2048, 0), BF16, False, 0.0),
@@ -152,6 +153,8 @@ OP_CASES = [
     ("dense_rms_norm", (4096, 4096, 3584), (50, 128, 512), BF16, "after", 0.0),
     ("dense_rms_norm", (4096, 4096, 4096), (128, 128, 256), BF16, "after", 0.0),
     ("dense_layer_norm", (4096, 4096, 2048), (64, 64, 256), BF16, "after", 100.0),
+    ("dense_rms_norm", (4096, 1024, 1152), (64, 128, 256), BF16, "after", 0.0),
+    ("dense_rms_norm", (2048, 6912, 1152), (64, 128, 256), BF16, "after", 0.0),
 ]
 
 

@@ -14,6 +14,9 @@ pass, then CUPTI per variant), to take jaxnorm's model apart:
 - "residual GEMM": jaxnorm's model with the residual GEMM (`jaxnorm.residual_dense`:
   o- and down-projection plus the residual, the sum's row statistics in its epilogue)
   taken wherever it serves the rows, as if it had measured faster than XLA everywhere;
+- "post-norm kernel": jaxnorm's model with the post-norm GEMM (`jaxnorm.dense_rms_norm`,
+  Gemma's r + Norm(x @ W) with the residual after) taken wherever it serves the rows, as
+  if it had measured faster than XLA's dot, norm and add everywhere;
 - "gain in the mainloop": jaxnorm's model with the lazy pre-norm GEMM scaling each x tile
   by the norm's gain in its mainloop (`lazy_rms_matmul(gain_in_kernel=True)`) instead of
   an XLA pass scaling x or the weights before it, wherever its config allows;
@@ -50,7 +53,7 @@ from pallas_kernels import lazy_norm_matmul
 from pallas_kernels.errors import Unsupported
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
-         "residual GEMM", "gain in the mainloop", "statistics kernel in training",
+         "residual GEMM", "post-norm kernel", "gain in the mainloop", "statistics kernel in training",
          model_suite.BOUNDED)
 
 
@@ -150,6 +153,7 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
     contexts = {"unfused attention input": unfused, "kernels declined": declined,
                 "norm backward kernel": lambda: _kernel_everywhere("rms_norm_backward"),
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense"),
+                "post-norm kernel": lambda: _kernel_everywhere("dense_rms_norm"),
                 "gain in the mainloop": _gain_in_mainloop,
                 "statistics kernel in training": _statistics_kernel_in_training}
     out = {}
