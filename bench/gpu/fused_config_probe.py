@@ -10,6 +10,7 @@ python bench/gpu/fused_config_probe.py --kind lazy --rows 4096,2048 --k 1152 --n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -26,9 +27,19 @@ TILES = ((64, 128, MatmulDimension.M), (64, 64, MatmulDimension.M), (64, 64, Mat
 
 
 def candidates(m: int, k: int, n: int) -> list[TuningConfig]:
-    """The table-derived pick first, then each tile x grid order (grid tile width 8), the
-    deepest pipeline (<= 6 slots) that fits."""
-    out = [gated_matmul.gated_config(m, k, n)]
+    """The table-derived pick first, then its schedule (grid order and width, one wgmma step
+    in flight), then each tile x grid order (grid tile width 8), the deepest pipeline
+    (<= 6 slots) that fits."""
+    pick = gated_matmul.gated_config(m, k, n)
+    out = [pick]
+    for in_flight in (0, 1):
+        for minor in (MatmulDimension.M, MatmulDimension.N):
+            for width in (4, 8, 16):
+                fitted = gated_matmul.deepest_pipeline(dataclasses.replace(
+                    pick, grid_minor_dim=minor, grid_tile_width=width,
+                    wgmma_in_flight=in_flight), 2, max_steps=6)
+                if fitted is not None and fitted not in out:
+                    out.append(fitted)
     for tile_m, tile_n, wg in TILES:
         for minor in (MatmulDimension.M, MatmulDimension.N):
             fitted = gated_matmul.deepest_pipeline(
