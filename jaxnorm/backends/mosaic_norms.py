@@ -239,11 +239,20 @@ def _post_norm_not_faster(kind: str, x: Array, kernel: Array, residual: Array | 
     if m <= decode_matmul.MAX_ROWS:  # the decode GEMM, then XLA's norm: as fast as its GEMM
         return decode_not_faster(x, (kernel,))
     if residual_after:
-        # No H200 measurement of r + Norm(x @ W + b) against XLA's dot, norm and add yet:
-        # `python -m bench --suite post-norm --residual-after` times it (docs/post-norm.md).
-        return (f"the residual-after form (r + Norm(x @ W + b)) of the post-norm Mosaic "
-                f"kernel is not yet measured faster than XLA's dot, norm and add on the H200 "
-                f"(M={m}, K={k}, N={n}); impl='mosaic' forces it")
+        if kind == "rms":
+            # CUPTI, against XLA's dot, norm and add (H100 80GB, 2026-12-06,
+            # bench/results/2026-12-05-h100, probes.json): Gemma-3-1B's post-norms in a grid
+            # group 33.2 vs 29.9 us (4096x1024x1152) and 122.2 vs 91.9 (4096x6912x1152); in
+            # clusters 0.99-1.06x at N = 3584, 4096; the Gemma model 1.01-1.04x stock's
+            # prefill kernel time with it taken everywhere.
+            return (f"the residual-after form (r + Norm(x @ W + b)) of the post-norm Mosaic "
+                    f"kernel measured slower than XLA's dot, norm and add (M={m}, K={k}, N={n}): "
+                    f"1.11x and 1.33x at Gemma-3-1B's 4096x1024x1152 and 4096x6912x1152, "
+                    f"0.99-1.06x at N = 3584 and 4096 (H100, 2026-12-06; no H200 run yet); "
+                    f"impl='mosaic' forces it")
+        return (f"the residual-after form (r + LayerNorm(x @ W + b)) of the post-norm Mosaic "
+                f"kernel is not yet measured against XLA's dot, norm and add (M={m}, K={k}, "
+                f"N={n}); impl='mosaic' forces it")
     measured = k >= _POST_NORM_MIN_K and n <= _POST_NORM_MAX_N
     if kind == "rms" and measured and m >= _POST_NORM_MIN_ROWS:
         return None
