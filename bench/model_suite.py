@@ -32,7 +32,7 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -452,35 +452,54 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     `LAYOUT_CONTROL`.
     """
     console = console or Console(stderr=True)
-    cells = []
+    cells: list[Cell] = []
+    skipped: list[dict[str, str]] = []
     for shape in shapes:
         built = build_variants(shape, bounded=bounded, layout_control=layout_control)
         for phase, text, per_step, case in _cases(shape, copies, phases):
-            cell = Cell(shape.name, phase, text, per_step)
             variants = {v: m for v, m in built.items()
                         if v != LAYOUT_CONTROL or phase.startswith("decode")}
-            fns = {v: case(m)[0] for v, m in variants.items()}  # one function each, compiled once
-            for r in range(rounds):
-                order = measurement_order(list(variants), r)
-                arg_sets = {v: case(variants[v])[1] for v in order}
-                console.print(f"[{shape.name}] {phase}: wall samples of {', '.join(order)}, "
-                              "in turn")
-                walls = timing.interleaved_wall({v: (fns[v], arg_sets[v]) for v in order},
-                                                repeats=repeats, warmup=warmup)
-                results = {}
-                for variant in order:
-                    console.print(f"[{shape.name}] {phase} round {r + 1}: {variant}")
-                    label = f"{shape.name}-{phase.replace(' ', '').replace('=', '')}-{variant}"
-                    where = None if detail is None or r else detail / label
-                    results[variant] = _measure(fns[variant], arg_sets[variant], repeats, warmup,
-                                                per_step, where, console, walls[variant])
-                del arg_sets
-                cell.rounds.append({v: results[v] for v in variants})
-            cells.append(cell)
-            console.print(summary_line(cell))
+            try:
+                cell = _measure_cell(Cell(shape.name, phase, text, per_step), variants, case,
+                                     rounds=rounds, repeats=repeats, warmup=warmup,
+                                     detail=detail, console=console)
+            except jax.errors.JaxRuntimeError as e:
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                reason = str(e).splitlines()[0][:300]
+                skipped.append({"model": shape.name, "phase": phase, "reason": reason})
+                console.print(f"[{shape.name}] {phase}: not measured, out of device memory "
+                              f"with {len(variants)} variants resident ({reason}); "
+                              "going on with the next cell")
+            else:
+                cells.append(cell)
+                console.print(summary_line(cell))
             if out is not None:
-                write(cells, out)
+                write(cells, out, skipped=skipped)
     return cells
+
+
+def _measure_cell(cell: Cell, variants: dict[str, nnx.Module], case: Callable, *, rounds: int,
+                  repeats: int, warmup: int, detail: Path | None, console: Console) -> Cell:
+    """One cell's rounds: every variant's wall samples in turn, then each one's CUPTI time."""
+    fns = {v: case(m)[0] for v, m in variants.items()}  # one function each, compiled once
+    for r in range(rounds):
+        order = measurement_order(list(variants), r)
+        arg_sets = {v: case(variants[v])[1] for v in order}
+        console.print(f"[{cell.model}] {cell.phase}: wall samples of {', '.join(order)}, "
+                      "in turn")
+        walls = timing.interleaved_wall({v: (fns[v], arg_sets[v]) for v in order},
+                                        repeats=repeats, warmup=warmup)
+        results = {}
+        for variant in order:
+            console.print(f"[{cell.model}] {cell.phase} round {r + 1}: {variant}")
+            label = f"{cell.model}-{cell.phase.replace(' ', '').replace('=', '')}-{variant}"
+            where = None if detail is None or r else detail / label
+            results[variant] = _measure(fns[variant], arg_sets[variant], repeats, warmup,
+                                        cell.per_step, where, console, walls[variant])
+        del arg_sets
+        cell.rounds.append({v: results[v] for v in variants})
+    return cell
 
 
 def paired_wall_quartiles(cell: Cell, r: int, variant: str) -> tuple[float, float, float] | None:
@@ -533,8 +552,10 @@ def measured_variants(cells: list[Cell]) -> tuple[str, ...]:
     return VARIANTS + tuple(dict.fromkeys(extra))
 
 
-def to_json(cells: list[Cell]) -> dict:
+def to_json(cells: list[Cell], skipped: Sequence[dict[str, str]] = ()) -> dict:
+    """The cells, and (`skipped`) the cells a run could not measure, each with its reason."""
     return {"suite": "model", "cells": [dataclasses.asdict(c) for c in cells],
+            **({"skipped": list(skipped)} if skipped else {}),
             "variants": measured_variants(cells),
             "decode_steps_per_call": next((c.per_step for c in cells
                                            if c.phase.startswith("decode")), DECODE_STEPS),
@@ -546,10 +567,11 @@ def from_json(payload: dict) -> list[Cell]:
     return [Cell(**cell) for cell in payload["cells"]]
 
 
-def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
+def to_markdown(cells: list[Cell], *, breakdown: bool = True,
+                skipped: Sequence[dict[str, str]] = ()) -> str:
     """Per cell and metric: each variant's median over rounds, the per-round ratios, the gap
-    (and the gap to the scaled limit where it was measured); then, with `breakdown`, time by
-    kernel class."""
+    (and the gap to the scaled limit where it was measured); the cells not measured, with
+    why; then, with `breakdown`, time by kernel class."""
     variants = measured_variants(cells)
     limits = [v for v in ("norm-free", BOUNDED) if v in variants]
     lines = [
@@ -587,6 +609,9 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True) -> str:
         lines += ["", "Wall time paired by pass (a variant's sample over stock's from the same "
                   "pass), per round: median [quartiles]", "",
                   "| model | phase | variant | vs stock (rounds) |", "|---|---|---|---|", *paired]
+    if skipped:
+        lines += ["", "Not measured: " + "; ".join(
+            f"{c['model']} {c['phase']} ({c['reason']})" for c in skipped)]
     if not breakdown:
         return "\n".join(lines) + "\n"
     lines += ["", "Time by kernel class, round 1 (us per step):", "",
@@ -641,10 +666,10 @@ def plot(cells: list[Cell], path: Path) -> None:
     plt.close(fig)
 
 
-def write(cells: list[Cell], out: Path) -> list[Path]:
+def write(cells: list[Cell], out: Path, *, skipped: Sequence[dict[str, str]] = ()) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "model-suite.json", out / "model-suite.md", out / "model-suite.png"]
-    paths[0].write_text(json.dumps(to_json(cells), indent=1))
-    paths[1].write_text(to_markdown(cells))
+    paths[0].write_text(json.dumps(to_json(cells, skipped), indent=1))
+    paths[1].write_text(to_markdown(cells, skipped=skipped))
     plot(cells, paths[2])
     return paths

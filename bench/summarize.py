@@ -125,7 +125,8 @@ def _json_section(payload: Any) -> list[str]:
         from bench import model_suite
 
         return [model_suite.to_markdown(model_suite.from_json(payload),
-                                        breakdown=payload.get("breakdown") is not None)]
+                                        breakdown=payload.get("breakdown") is not None,
+                                        skipped=payload.get("skipped", ()))]
     if isinstance(payload, dict) and isinstance(payload.get("rows"), list) and payload["rows"] \
             and {"preset", "m", "variants"} <= set(payload["rows"][0]):  # decode_attention_bench
         from bench import decode_attention_bench

@@ -149,3 +149,42 @@ def test_paired_quartiles_are_those_of_the_per_pass_ratios():
     assert ms.paired_wall_ratio(cell, 0, "jaxnorm") == pytest.approx(1.0)
     cell.rounds[0]["jaxnorm"] = {"wall_us": 9.0}  # a record from before samples were kept
     assert ms.paired_wall_quartiles(cell, 0, "jaxnorm") is None
+
+
+def test_a_cell_out_of_device_memory_is_recorded_and_the_run_goes_on(monkeypatch, tmp_path):
+    """A cell whose variants do not fit the device (RESOURCE_EXHAUSTED) is left out with its
+    reason, in the JSON, the table and the progress lines; the cells after it are measured."""
+    monkeypatch.setattr(ms, "_measure", lambda *a, **k: {
+        "wall_us": 1.0, "kernel_us": None, "kernels": 0.0, "by_class_us": {}})
+
+    def wall(programs, **kw):
+        if any(v == ms.LAYOUT_CONTROL for v in programs) and not wall.failed:
+            wall.failed = True
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying "
+                                             "to allocate 512.00MiB\nallocator summary")
+        return {v: None for v in programs}
+
+    wall.failed = False
+    monkeypatch.setattr(ms.timing, "interleaved_wall", wall)
+    log = io.StringIO()
+    cells = ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill", "decode"),
+                   out=tmp_path, console=Console(file=log, width=300))
+    assert [c.phase for c in cells] == ["prefill", "decode B=2"]
+    payload = json.loads((tmp_path / "model-suite.json").read_text())
+    assert payload["skipped"] == [{"model": "tiny", "phase": "decode B=1", "reason":
+                                   "RESOURCE_EXHAUSTED: Out of memory while trying to "
+                                   "allocate 512.00MiB"}]
+    assert "decode B=1: not measured, out of device memory" in log.getvalue()
+    table = (tmp_path / "model-suite.md").read_text()
+    assert "Not measured: tiny decode B=1 (RESOURCE_EXHAUSTED" in table
+    assert summarize._json_section(payload)[0] == table
+
+
+def test_other_runtime_errors_are_not_swallowed(monkeypatch):
+    def wall(programs, **kw):
+        raise jax.errors.JaxRuntimeError("INTERNAL: an unspecified launch failure")
+
+    monkeypatch.setattr(ms.timing, "interleaved_wall", wall)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill",),
+               console=Console(file=io.StringIO()))
