@@ -446,7 +446,8 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     variant's inputs are alive through a round (their wall samples alternate).
 
     With `out`, the results so far are rewritten after every cell, so a run cut
-    short keeps what it measured. With `detail`, round 1 also writes each variant's
+    short keeps what it measured. A cell whose variants run out of device memory is
+    recorded as not measured (`to_json`'s "skipped") and the run goes on. With `detail`, round 1 also writes each variant's
     kernels by name and its optimized HLO there. With `bounded`, the scaled limit is a
     fifth variant (`BOUNDED`); with `layout_control`, decode cells also measure
     `LAYOUT_CONTROL`.

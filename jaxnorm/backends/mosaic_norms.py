@@ -240,11 +240,7 @@ def _post_norm_not_faster(kind: str, x: Array, kernel: Array, residual: Array | 
         return decode_not_faster(x, (kernel,))
     if residual_after:
         if kind == "rms":
-            # CUPTI, against XLA's dot, norm and add (H100 80GB, 2026-12-06,
-            # bench/results/2026-12-05-h100, probes.json): Gemma-3-1B's post-norms in a grid
-            # group 33.2 vs 29.9 us (4096x1024x1152) and 122.2 vs 91.9 (4096x6912x1152); in
-            # clusters 0.99-1.06x at N = 3584, 4096; the Gemma model 1.01-1.04x stock's
-            # prefill kernel time with it taken everywhere.
+            # CUPTI, bench/results/2026-12-05-h100 (probes.json, runs at 619ec51).
             return (f"the residual-after form (r + Norm(x @ W + b)) of the post-norm Mosaic "
                     f"kernel measured slower than XLA's dot, norm and add (M={m}, K={k}, N={n}): "
                     f"1.11x and 1.33x at Gemma-3-1B's 4096x1024x1152 and 4096x6912x1152, "
