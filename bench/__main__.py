@@ -106,6 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                             "the cache once, so more steps weigh that copy less")
     model.add_argument("--rounds", type=int, default=2,
                        help="rounds of the interleaved variants (default: 2)")
+    model.add_argument("--variants", type=_list_of(str, _model_variants()),
+                       help="variants to measure, stock and jaxnorm among them (default: all "
+                            "four, and in decode cells the cache-layout control); fewer "
+                            "variants hold fewer caches on the device")
     model.add_argument("--detail", type=Path,
                        help="also write each cell's kernels by name and optimized HLO here")
     model.add_argument("--bounded-limit", action="store_true",
@@ -132,6 +136,12 @@ def _model_shapes() -> tuple[str, ...]:
     return tuple(SHAPES)
 
 
+def _model_variants() -> tuple[str, ...]:
+    from bench.model_suite import BOUNDED, LAYOUT_CONTROL, VARIANTS
+
+    return (*VARIANTS, BOUNDED, LAYOUT_CONTROL)
+
+
 def run_model_suite(args: argparse.Namespace, console: Console) -> None:
     from bench import model_suite
 
@@ -143,9 +153,14 @@ def run_model_suite(args: argparse.Namespace, console: Console) -> None:
         if not 1 <= args.decode_steps < min(s.cache for s in shapes):
             raise SystemExit(f"--decode-steps must lie in [1, cache); got {args.decode_steps}")
         shapes = [dataclasses.replace(s, decode_steps=args.decode_steps) for s in shapes]
+    try:
+        model_suite.selected_variants(args.variants, bounded=args.bounded_limit,
+                                      layout_control=True)
+    except ValueError as e:
+        raise SystemExit(f"--variants: {e}") from None
     model_suite.run(shapes, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup,
                     phases=args.phase, out=args.out, detail=args.detail,
-                    bounded=args.bounded_limit)
+                    bounded=args.bounded_limit, variants=args.variants)
     console.print(f"wrote {args.out}/model-suite.{{json,md,png}}")
 
 

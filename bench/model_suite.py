@@ -435,7 +435,7 @@ def measurement_order(variants: list[str], round_index: int) -> list[str]:
 def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup: int = 3,
         copies: int = 1, phases: tuple[str, ...] = PHASES, out: Path | None = None,
         detail: Path | None = None, bounded: bool = False, layout_control: bool = True,
-        console: Console | None = None) -> list[Cell]:
+        variants: Sequence[str] | None = None, console: Console | None = None) -> list[Cell]:
     """Measure every cell: `rounds` rounds, each taking the variants' wall samples in turn
     (one of each per pass, in the order `measurement_order` gives the round), then each
     variant's CUPTI kernel time in that order.
@@ -450,18 +450,20 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
     recorded as not measured (`to_json`'s "skipped") and the run goes on. With `detail`, round 1 also writes each variant's
     kernels by name and its optimized HLO there. With `bounded`, the scaled limit is a
     fifth variant (`BOUNDED`); with `layout_control`, decode cells also measure
-    `LAYOUT_CONTROL`.
+    `LAYOUT_CONTROL`. With `variants`, only those are measured (stock and jaxnorm always
+    among them), so that a cell whose five caches do not fit the device can run with fewer.
     """
+    selected = selected_variants(variants, bounded=bounded, layout_control=layout_control)
     console = console or Console(stderr=True)
     cells: list[Cell] = []
     skipped: list[dict[str, str]] = []
     for shape in shapes:
         built = build_variants(shape, bounded=bounded, layout_control=layout_control)
         for phase, text, per_step, case in _cases(shape, copies, phases):
-            variants = {v: m for v, m in built.items()
-                        if v != LAYOUT_CONTROL or phase.startswith("decode")}
+            resident = {v: m for v, m in built.items() if v in selected
+                        and (v != LAYOUT_CONTROL or phase.startswith("decode"))}
             try:
-                cell = _measure_cell(Cell(shape.name, phase, text, per_step), variants, case,
+                cell = _measure_cell(Cell(shape.name, phase, text, per_step), resident, case,
                                      rounds=rounds, repeats=repeats, warmup=warmup,
                                      detail=detail, console=console)
             except jax.errors.JaxRuntimeError as e:
@@ -470,7 +472,7 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
                 reason = str(e).splitlines()[0][:300]
                 skipped.append({"model": shape.name, "phase": phase, "reason": reason})
                 console.print(f"[{shape.name}] {phase}: not measured, out of device memory "
-                              f"with {len(variants)} variants resident ({reason}); "
+                              f"with {len(resident)} variants resident ({reason}); "
                               "going on with the next cell")
             else:
                 cells.append(cell)
@@ -478,6 +480,24 @@ def run(shapes: list[ModelShape], *, rounds: int = 2, repeats: int = 20, warmup:
             if out is not None:
                 write(cells, out, skipped=skipped)
     return cells
+
+
+def selected_variants(names: Sequence[str] | None, *, bounded: bool,
+                       layout_control: bool) -> frozenset[str]:
+    """The variants `run` measures: all it builds, or `names`, which must be among them and
+    hold stock and jaxnorm (every ratio is jaxnorm's over stock's)."""
+    built = {*VARIANTS, *([BOUNDED] if bounded else []),
+             *([LAYOUT_CONTROL] if layout_control else [])}
+    if names is None:
+        return frozenset(built)
+    unknown = sorted(set(names) - built)
+    if unknown:
+        raise ValueError(f"variants {unknown} are not built by this run; choose from "
+                         f"{sorted(built)} (the scaled limit needs bounded=True)")
+    missing = [v for v in ("stock", "jaxnorm") if v not in names]
+    if missing:
+        raise ValueError(f"variants must include {missing}: every ratio is jaxnorm / stock")
+    return frozenset(names)
 
 
 def _measure_cell(cell: Cell, variants: dict[str, nnx.Module], case: Callable, *, rounds: int,
@@ -593,7 +613,8 @@ def to_markdown(cells: list[Cell], *, breakdown: bool = True,
                 for r in range(n))
             gaps = [", ".join(_gaps(cell, metric, limit)) if metric != "kernels" else ""
                     for limit in limits]
-            fmt = (lambda x: f"{x:.1f}") if metric != "kernels" else (lambda x: f"{x:.0f}")
+            digits = 1 if metric != "kernels" else 0
+            fmt = lambda x: "-" if np.isnan(x) else f"{x:.{digits}f}"  # noqa: E731
             lines.append(
                 f"| {cell.model} | {cell.phase} | {cell.shape} | {unit} | "
                 + " | ".join(fmt(med[v]) for v in variants)

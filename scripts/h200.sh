@@ -19,6 +19,8 @@
 #   DETAIL=1 MODEL=qwen3-0.6b PHASE=train bash scripts/h200.sh model  # + kernels by name, HLO
 #   ROUNDS=4 MODEL=qwen3-4b PHASE=train bash scripts/h200.sh model    # more interleaved rounds
 #   BOUNDED=1 MODEL=gemma3-1b PHASE=train bash scripts/h200.sh model  # + the scaled norm-free limit
+#   MODEL_VARIANTS=stock,jaxnorm,norm-free MODEL=qwen3-0.6b PHASE=decode DECODE_BATCH=64 \
+#     bash scripts/h200.sh model   # fewer variants resident: caches that fit an 80 GB card
 #   DETAIL=1 MODEL=qwen3-0.6b bash scripts/h200.sh variant-probe  # more variants, + HLO
 #   DECODE_ARGS="--launches losing --configs 8" ...  # every candidate at the table's losses
 #   ONLY="cluster sum,residual epilogue" bash scripts/h200.sh kernels decode-residual
@@ -179,6 +181,7 @@ for name in "$@"; do
              --suite model --model "${MODEL:-llama3.2-1b}" \
              --phase "${PHASE:-prefill,train,decode}" ${DECODE_BATCH:+--decode-batch "$DECODE_BATCH"} ${DECODE_STEPS:+--decode-steps "$DECODE_STEPS"} \
              ${ROUNDS:+--rounds "$ROUNDS"} ${BOUNDED:+--bounded-limit} \
+             ${MODEL_VARIANTS:+--variants "$MODEL_VARIANTS"} \
              ${DETAIL:+--detail "$WORK/detail${MODEL_TAG:-}"} ;;
     variant-probe)  # VARIANTS="stock,jaxnorm,kernels declined" PHASE=train|prefill
       stage "probe_${MODEL:-qwen3-0.6b}_${PHASE:-train}" "${PROBE_LIMIT:-330}" python3 \

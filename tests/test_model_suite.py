@@ -188,3 +188,26 @@ def test_other_runtime_errors_are_not_swallowed(monkeypatch):
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
         ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill",),
                console=Console(file=io.StringIO()))
+
+
+def test_a_run_measures_only_the_variants_it_is_given(tmp_path):
+    """Fewer variants resident (an 80 GB card holding three decode caches, not five): the
+    cells hold those alone, and the table marks the others not measured."""
+    cells = ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill", "decode"),
+                   out=tmp_path, variants=("stock", "jaxnorm", "norm-free"),
+                   console=Console(file=io.StringIO()))
+    assert [set(c.rounds[0]) for c in cells] == [{"stock", "jaxnorm", "norm-free"}] * 3
+    row = next(line for line in (tmp_path / "model-suite.md").read_text().splitlines()
+               if line.startswith("| tiny | prefill | 2x16 | kernels |"))
+    stock, jaxnorm, flashified, free = row.split(" | ")[4:8]
+    assert flashified == "-" and "-" not in (stock, jaxnorm, free)
+
+
+@pytest.mark.parametrize("variants, message", [
+    (("stock", "flashified"), r"must include \['jaxnorm'\]"),
+    (("stock", "jaxnorm", ms.BOUNDED), "not built by this run"),
+])
+def test_variants_a_run_cannot_measure_are_a_value_error(variants, message):
+    with pytest.raises(ValueError, match=message):
+        ms.run([ms.QUICK], rounds=1, repeats=1, warmup=0, phases=("prefill",),
+               variants=variants, console=Console(file=io.StringIO()))
