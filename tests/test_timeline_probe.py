@@ -56,3 +56,21 @@ def test_kernel_family_drops_numeric_suffixes():
     assert timeline_probe.kernel_family("fusion.108") == "fusion"
     assert timeline_probe.kernel_family("nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN") == \
         "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN"
+
+
+def test_main_traces_variant_probes_variants_too(tmp_path):
+    """CPU, the tiny model: a variant_probe variant ("gated declined") is traced beside the
+    suite's; no GPU, so no kernel events (the code path only)."""
+    import json
+
+    timeline_probe.main(["--model", "tiny", "--phase", "prefill", "--calls", "1",
+                         "--variants", "stock,gated declined", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "timeline-tiny-prefill.json").read_text())
+    assert list(payload["variants"]) == ["stock", "gated declined"]
+    assert all(len(v["wall_us_under_profiler"]) == 1 for v in payload["variants"].values())
+
+
+def test_main_rejects_a_variant_it_does_not_know(tmp_path):
+    with pytest.raises(SystemExit):
+        timeline_probe.main(["--model", "tiny", "--variants", "stock,no such variant",
+                             "--out", str(tmp_path)])

@@ -193,3 +193,19 @@ def test_statistics_kernel_in_training_variant_runs_the_kernel_forward_under_gra
         assert kernels() == 1
         kernel_dh = grad(h)[1]
     np.testing.assert_array_equal(np.asarray(kernel_dh), np.asarray(grad(h)[1]))  # one VJP
+
+
+def test_an_op_declined_variant_keeps_that_op_on_xla_only_while_tracing(monkeypatch):
+    """"gated declined": the gated MLP input answers xla under the variant (its kernel at
+    4096 rows otherwise, Hopper faked) and chooses as before once it ends."""
+    import jax.numpy as jnp
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    x, w = jnp.ones((4096, 1024), jnp.bfloat16), jnp.ones((1024, 4096), jnp.bfloat16)
+    gated = lambda: dispatch.decide("rms_norm_gated_dense", x, None, w, w, None, None, None,
+                                    activation="silu", eps=1e-6, scale_offset=0.0)
+    before = gated()
+    assert before == ("mosaic", None)
+    with variant_probe._declined(variant_probe.DECLINED_OPS["gated declined"]):
+        assert gated() == ("xla", "declined by bench/gpu/variant_probe.py")
+    assert gated() == before

@@ -2,7 +2,8 @@
 between them, by the kernel that waited.
 
 A step's wall time exceeds its CUPTI kernel time (bench/results, the model suite) by the
-time the GPU spends between kernels. This traces a few calls of each variant with
+time the GPU spends between kernels. This traces a few calls of each variant (the model
+suite's, or bench/gpu/variant_probe.py's, such as "gated declined") with
 `jax.profiler.trace`, reads the device's kernel events from the trace (the streams of
 /device:GPU:0), and reports per call: the span from the first kernel's start to the last
 one's end, the busy time (the union of kernel intervals), the idle time between them,
@@ -31,6 +32,7 @@ from pathlib import Path
 import jax
 
 from bench import model_suite
+from bench.gpu import variant_probe
 
 GPU_PROCESS = re.compile(r"/device:GPU:\d+")
 CALL_EVENT = re.compile(r"^PjitFunction\(")  # the host's dispatch of a jitted call
@@ -185,17 +187,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     shape = model_suite.QUICK if args.model == "tiny" else model_suite.SHAPES[args.model]
     case = (model_suite.train_case if args.phase == "train" else model_suite.prefill_case)
-    variants = model_suite.build_variants(shape)
     labels = args.variants.split(",")
-    unknown = [v for v in labels if v not in variants]
+    known = (*model_suite.VARIANTS, *variant_probe.EXTRA)
+    unknown = [v for v in labels if v not in known]
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {sorted(variants)}")
+        parser.error(f"unknown variants {unknown}; choose from {list(known)}")
+    variants = variant_probe.probe_variants(shape, lambda m: case(m, shape, 1), labels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"model": shape.name, "phase": args.phase, "device": str(jax.devices()[0]),
               "variants": {}}
     for label in labels:
-        fn, arg_sets = case(variants[label], shape, 1)
+        model, fn = variants[label]
+        arg_sets = case(model, shape, 1)[1]
         jitted = jax.jit(fn)
         for _ in range(3):  # compile, warm up
             jax.block_until_ready(jitted(*arg_sets[0]))

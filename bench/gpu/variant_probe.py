@@ -23,6 +23,10 @@ pass, then CUPTI per variant), to take jaxnorm's model apart:
 - "statistics kernel in training": jaxnorm's model with the pre-norm kernel that takes
   the producer's statistics running in a training step's forward too, paired with the VJP
   of stock's graph (`dispatch.call_with_stock_backward` runs stock's forward there);
+- "attention input declined", "gated declined", "pre-norm GEMM declined": jaxnorm's model
+  with automatic dispatch answering xla for that one op (`rms_norm_attention_input`,
+  `rms_norm_gated_dense`, `rms_norm_dense`) and choosing as usual for the rest, to tell
+  which kernel a cost comes with;
 - "norm-free (scaled)": the norm-free limit with each norm a multiplication by a constant
   calibrated on one batch of stock (`model_suite.with_scaled_norms`): the limit's work,
   with activations at stock's scale instead of growing without bound.
@@ -54,7 +58,12 @@ from pallas_kernels.errors import Unsupported
 
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
          "residual GEMM", "post-norm kernel", "gain in the mainloop", "statistics kernel in training",
+         "attention input declined", "gated declined", "pre-norm GEMM declined",
          model_suite.BOUNDED)
+# The ops the "... declined" variants keep on the xla path.
+DECLINED_OPS = {"attention input declined": "rms_norm_attention_input",
+                "gated declined": "rms_norm_gated_dense",
+                "pre-norm GEMM declined": "rms_norm_dense"}
 
 
 @contextlib.contextmanager
@@ -86,6 +95,22 @@ def _kernel_everywhere(op: str) -> Iterator[None]:
         yield
     finally:
         dispatch._DECLINE_AUTO[op] = rule
+
+
+@contextlib.contextmanager
+def _declined(op: str) -> Iterator[None]:
+    """Automatic dispatch answering xla for `op` at every shape (a decline rule that always
+    objects), the other ops choosing as usual."""
+    dispatch._load_mosaic_backends()
+    rule = dispatch._DECLINE_AUTO.get(op)
+    dispatch._DECLINE_AUTO[op] = lambda *a, **k: "declined by bench/gpu/variant_probe.py"
+    try:
+        yield
+    finally:
+        if rule is None:
+            del dispatch._DECLINE_AUTO[op]
+        else:
+            dispatch._DECLINE_AUTO[op] = rule
 
 
 def _gain_in_mainloop() -> contextlib.AbstractContextManager:
@@ -155,7 +180,8 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense"),
                 "post-norm kernel": lambda: _kernel_everywhere("dense_rms_norm"),
                 "gain in the mainloop": _gain_in_mainloop,
-                "statistics kernel in training": _statistics_kernel_in_training}
+                "statistics kernel in training": _statistics_kernel_in_training,
+                **{label: functools.partial(_declined, op) for label, op in DECLINED_OPS.items()}}
     out = {}
     for label in labels:
         if label == model_suite.BOUNDED:
