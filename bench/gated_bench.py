@@ -2,15 +2,16 @@
 
     PYTHONPATH=. python -m bench.gated_bench --out $OUT          # H200, < 3 min
     PYTHONPATH=. python -m bench.gated_bench --smoke --out DIR   # CPU: the interpreter, tiny
+    PYTHONPATH=. python -m bench.gated_bench --activation gelu_tanh --shapes 8192x1152x6912
 
-Per shape (M x K x (d_ff + d_ff), bf16, SwiGLU), four variants measured
-interleaved (`--rounds` rounds, each variant once per round):
+Per shape (M x K x (d_ff + d_ff), bf16, SwiGLU unless `--activation` says otherwise), four
+variants measured interleaved (`--rounds` rounds, each variant once per round):
 
 - "gated kernel": `jaxnorm.rms_norm_gated_dense(impl="mosaic")`, gain unfolded;
 - "stock": what impl="xla" runs (stock Flax): the norm in float32 cast to bf16,
-  two bf16 dots, silu(gate) * up;
+  two bf16 dots, act(gate) * up;
 - "gated kernel, folded": the kernel with the gain folded (`scale=None`);
-- "two dots + silu*up": XLA's two dots and its silu-multiply fusion with no norm at
+- "two dots + <act>*up": XLA's two dots and its act-multiply fusion with no norm at
   all, the floor a fused norm is held against (issue 17: <= 0.92x of it).
 
 Writes gated-bench.json under --out (default $OUT, else a temporary folder), after
@@ -37,25 +38,33 @@ KN = ((2048, 8192), (4096, 14336), (1024, 3072), (2560, 9728))
 SMOKE_SHAPES = ((130, 128, 192),)
 
 
-def _variants(impl: str) -> dict[str, tuple[Callable, bool]]:
+def dots_label(activation: str) -> str:
+    """The no-norm floor's label: "two dots + silu*up" for SwiGLU."""
+    return f"two dots + {activation}*up"
+
+
+def _variants(impl: str, activation: str) -> dict[str, tuple[Callable, bool]]:
     """label -> (fn, takes the gain): the gain-free variants take (x, w_gate, w_up)."""
     import jaxnorm
+    from jaxnorm.backends import xla_gated
+
+    act = xla_gated.ACTIVATIONS[activation]
 
     def kernel(x, g, wg, wu):
-        return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, impl=impl)
+        return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, activation=activation, impl=impl)
 
     def stock(x, g, wg, wu):
-        return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, impl="xla")
+        return jaxnorm.rms_norm_gated_dense(x, g, wg, wu, activation=activation, impl="xla")
 
     def kernel_folded(x, wg, wu):
-        return jaxnorm.rms_norm_gated_dense(x, None, wg, wu, impl=impl)
+        return jaxnorm.rms_norm_gated_dense(x, None, wg, wu, activation=activation, impl=impl)
 
     def dots_only(x, wg, wu):
-        return jax.nn.silu(x @ wg) * (x @ wu)
+        return act(x @ wg) * (x @ wu)
 
     return {"gated kernel": (kernel, True), "stock": (stock, True),
             "gated kernel, folded": (kernel_folded, False),
-            "two dots + silu*up": (dots_only, False)}
+            dots_label(activation): (dots_only, False)}
 
 
 def _inputs(m: int, k: int, n: int, seed: int) -> tuple[jax.Array, ...]:
@@ -77,15 +86,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not b else a / b
 
 
-def run(shapes, *, impl: str, rounds: int, repeats: int, warmup: int, out: Path) -> list[dict]:
+def run(shapes, *, impl: str, rounds: int, repeats: int, warmup: int, out: Path,
+        activation: str = "silu") -> list[dict]:
     from bench import timing
 
-    fns = _variants(impl)
+    fns = _variants(impl, activation)
+    floor = dots_label(activation)
     rows = []
     for m, k, n in shapes:
         copies = timing.rotation_copies(2 * (m * k + 2 * k * n))
         arg_sets = [_inputs(m, k, n, seed) for seed in range(copies)]
-        row: dict = {"shape": f"{m}x{k}x({n}+{n})", "activation": "silu",
+        row: dict = {"shape": f"{m}x{k}x({n}+{n})", "activation": activation,
                      "max_rel_diff_vs_stock": _agreement(fns, arg_sets[0]), "rounds": []}
         for _ in range(rounds):
             results = {}
@@ -103,9 +114,9 @@ def run(shapes, *, impl: str, rounds: int, repeats: int, warmup: int, out: Path)
             row[metric] = {label: median(label) for label in fns}
             row[f"ratios_{metric}"] = {
                 "kernel / stock": _ratio(median("gated kernel"), median("stock")),
-                "kernel / two dots": _ratio(median("gated kernel"), median("two dots + silu*up")),
+                "kernel / two dots": _ratio(median("gated kernel"), median(floor)),
                 "folded kernel / two dots": _ratio(median("gated kernel, folded"),
-                                                   median("two dots + silu*up")),
+                                                   median(floor)),
             }
         rows.append(row)
         print(json.dumps({key: row[key] for key in ("shape", "max_rel_diff_vs_stock",
@@ -118,6 +129,17 @@ def run(shapes, *, impl: str, rounds: int, repeats: int, warmup: int, out: Path)
     return rows
 
 
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    """"8192x1152x6912,4096x2048x8192" -> [(8192, 1152, 6912), (4096, 2048, 8192)]."""
+    try:
+        shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected MxKxN[,MxKxN...] of positive ints; got {text!r}")
+    return shapes
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.gated_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--activation", default="silu", choices=("silu", "gelu_tanh", "gelu"),
+                        help="the gate's activation (gelu_tanh: Gemma's GeGLU)")
+    parser.add_argument("--shapes", type=_shapes, default=None,
+                        help="MxKxN,... (N = d_ff) instead of the presets' shapes")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU: the kernel under the interpreter at a tiny shape")
     args = parser.parse_args(argv)
@@ -134,9 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         use_interpreter_safe_xla_flags()
     out = args.out or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="gated_bench_"))
     out.mkdir(parents=True, exist_ok=True)
-    shapes = SMOKE_SHAPES if args.smoke else [(m, k, n) for m in MS for k, n in KN]
+    shapes = (SMOKE_SHAPES if args.smoke else args.shapes
+              or [(m, k, n) for m in MS for k, n in KN])
     run(shapes, impl="interpret" if args.smoke else "mosaic", rounds=args.rounds,
-        repeats=args.repeats, warmup=args.warmup, out=out)
+        repeats=args.repeats, warmup=args.warmup, out=out, activation=args.activation)
     print(out / "gated-bench.json")
 
 

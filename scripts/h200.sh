@@ -141,7 +141,8 @@ for name in "$@"; do
     fused-configs)  # FUSED_ARGS="--kind lazy --n 1024,256,256": a fused kernel's configs at a model's shapes
       stage fused_configs "${FUSED_LIMIT:-200}" python3 bench/gpu/fused_config_probe.py ${FUSED_ARGS:-} \
         --budget-s $(( ${FUSED_LIMIT:-200} - 30 )) --out "$WORK/fused-configs.json" ;;
-    gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench --out "$WORK/gated" ;;
+    gated) stage gated_bench "${GATED_LIMIT:-130}" python3 -m bench.gated_bench ${GATED_ARGS:-} \
+             --out "$WORK/gated" ;;  # GATED_ARGS="--activation gelu_tanh --shapes 8192x1152x6912"
     residual-gemm) bench residual_gemm "${RESIDUAL_LIMIT:-100}" --suite residual-gemm ;;
     decode-box) stage decode_box 130 python3 bench/gpu/decode_box_probe.py --out "$WORK/decode_box" ;;
     post-after) bench post_after 120 --suite post-norm --quick --m 4096 ;;

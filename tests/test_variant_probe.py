@@ -209,3 +209,20 @@ def test_an_op_declined_variant_keeps_that_op_on_xla_only_while_tracing(monkeypa
     with variant_probe._declined(variant_probe.DECLINED_OPS["gated declined"]):
         assert gated() == ("xla", "declined by bench/gpu/variant_probe.py")
     assert gated() == before
+
+
+def test_gated_kernel_variant_takes_the_geglu_kernel_dispatch_declines(monkeypatch):
+    """"gated kernel": at 4096 rows with GeGLU (Gemma) automatic dispatch answers xla, and
+    under the variant the kernel; silu at the same rows takes the kernel either way."""
+    import jax.numpy as jnp
+
+    monkeypatch.setattr(dispatch, "hopper_or_newer", lambda: True)
+    x, w = jnp.ones((4096, 1024), jnp.bfloat16), jnp.ones((1024, 4096), jnp.bfloat16)
+    gated = lambda act: dispatch.decide("rms_norm_gated_dense", x, None, w, w, None, None,
+                                        None, activation=act, eps=1e-6, scale_offset=0.0)
+    impl, reason = gated("gelu_tanh")
+    assert impl == "xla" and "'gelu_tanh'" in reason and "docs/measurements.md" in reason
+    assert gated("silu") == ("mosaic", None)
+    with variant_probe._kernel_everywhere("rms_norm_gated_dense"):
+        assert gated("gelu_tanh") == ("mosaic", None)
+    assert gated("gelu_tanh")[0] == "xla"

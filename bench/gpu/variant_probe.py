@@ -27,6 +27,8 @@ pass, then CUPTI per variant), to take jaxnorm's model apart:
   with automatic dispatch answering xla for that one op (`rms_norm_attention_input`,
   `rms_norm_gated_dense`, `rms_norm_dense`) and choosing as usual for the rest, to tell
   which kernel a cost comes with;
+- "gated kernel": jaxnorm's model with the gated MLP-input kernel taken wherever it
+  serves the rows, whatever its activation (dispatch declines GeGLU at prefill);
 - "norm-free (scaled)": the norm-free limit with each norm a multiplication by a constant
   calibrated on one batch of stock (`model_suite.with_scaled_norms`): the limit's work,
   with activations at stock's scale instead of growing without bound.
@@ -59,7 +61,7 @@ from pallas_kernels.errors import Unsupported
 EXTRA = ("unfused attention input", "stock QK-norm", "kernels declined", "norm backward kernel",
          "residual GEMM", "post-norm kernel", "gain in the mainloop", "statistics kernel in training",
          "attention input declined", "gated declined", "pre-norm GEMM declined",
-         model_suite.BOUNDED)
+         "gated kernel", model_suite.BOUNDED)
 # The ops the "... declined" variants keep on the xla path.
 DECLINED_OPS = {"attention input declined": "rms_norm_attention_input",
                 "gated declined": "rms_norm_gated_dense",
@@ -179,6 +181,7 @@ def probe_variants(shape: model_suite.ModelShape, case: Callable,
                 "norm backward kernel": lambda: _kernel_everywhere("rms_norm_backward"),
                 "residual GEMM": lambda: _kernel_everywhere("residual_dense"),
                 "post-norm kernel": lambda: _kernel_everywhere("dense_rms_norm"),
+                "gated kernel": lambda: _kernel_everywhere("rms_norm_gated_dense"),
                 "gain in the mainloop": _gain_in_mainloop,
                 "statistics kernel in training": _statistics_kernel_in_training,
                 **{label: functools.partial(_declined, op) for label, op in DECLINED_OPS.items()}}
