@@ -9,6 +9,8 @@ are skipped); K = 256 is four K steps through a three-slot ring, K = 64 a single
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,7 +157,7 @@ def test_automatic_dispatch_at_decode_follows_the_measured_table(monkeypatch):
         ((1, 1024, 3072), "silu", 0.42, 0.95, None), ((8, 2048, 8192), "silu", 0.93, None, None)))
     monkeypatch.setattr(decode_gated_measured, "PROVENANCE", {"sms": hardware.num_sms()})
     gain = jnp.ones((1024,), BF16)
-    decline = mosaic_gated._not_measured_faster
+    decline = functools.partial(mosaic_gated._not_measured_faster, activation="silu")
     assert decline(jnp.ones((2, 1024), BF16), None, _gate(1024, 3072)) is None  # folded 0.42
     assert decline(jnp.ones((1, 1500), BF16), None, _gate(1500, 4096)) is None
     reason = decline(jnp.ones((1, 1024), BF16), gain, _gate(1024, 3072))

@@ -4,6 +4,8 @@ gradients, and the errors for what is refused. Inputs are fresh random draws."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,10 +122,13 @@ def test_automatic_dispatch_runs_xla_and_says_why(rng):
 
 def test_automatic_dispatch_takes_the_kernel_only_where_measured():
     gate = jax.ShapeDtypeStruct((64, 128), BF16)
-    reason = mosaic_gated._not_measured_faster(jnp.ones((2048, 64), BF16), None, gate)
+    decline = functools.partial(mosaic_gated._not_measured_faster, activation="silu")
+    reason = decline(jnp.ones((2048, 64), BF16), None, gate)
     assert "not measured" in reason and "impl='mosaic'" in reason
-    assert mosaic_gated._not_measured_faster(jnp.ones((mosaic_gated.MIN_MEASURED_ROWS, 64),
-                                                      BF16), None, gate) is None
+    rows = jnp.ones((mosaic_gated.MIN_MEASURED_ROWS, 64), BF16)
+    assert decline(rows, None, gate) is None
+    reason = mosaic_gated._not_measured_faster(rows, None, gate, activation="gelu_tanh")
+    assert "'gelu_tanh'" in reason and "impl='mosaic'" in reason
 
 
 GRAD_CASES = {
