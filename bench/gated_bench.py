@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--activation", default="silu", choices=("silu", "gelu_tanh", "gelu"),
+    from jaxnorm.backends.xla_gated import ACTIVATIONS
+
+    parser.add_argument("--activation", default="silu", choices=tuple(ACTIVATIONS),
                         help="the gate's activation (gelu_tanh: Gemma's GeGLU)")
     parser.add_argument("--shapes", type=_shapes, default=None,
                         help="MxKxN,... (N = d_ff) instead of the presets' shapes")

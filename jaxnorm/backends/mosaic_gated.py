@@ -95,7 +95,8 @@ def decode_not_faster(x: Array, scale: Array | None, gate_kernel: Array) -> str 
 @decline_automatic(OP)
 def _not_measured_faster(x, scale, gate_kernel, *args, activation: str, **kwargs
                          ) -> str | None:
-    """The kernel runs under impl=None only at the row counts where it measured faster."""
+    """The kernel runs under impl=None only at the row counts and activations where it
+    measured faster."""
     if x.shape[0] <= decode_gated.MAX_ROWS:
         return decode_not_faster(x, scale, gate_kernel)
     if x.shape[0] < MIN_MEASURED_ROWS:
