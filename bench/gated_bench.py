@@ -32,6 +32,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from bench.shapes import parse_mkn
+
 # M in rows, (K, d_ff) of Llama 3.2 1B, Llama 3 8B / Mistral 7B, Qwen3 0.6B, Qwen3 4B.
 MS = (4096, 8192)
 KN = ((2048, 8192), (4096, 14336), (1024, 3072), (2560, 9728))
@@ -129,17 +131,6 @@ def run(shapes, *, impl: str, rounds: int, repeats: int, warmup: int, out: Path,
     return rows
 
 
-def _shapes(text: str) -> list[tuple[int, int, int]]:
-    """"8192x1152x6912,4096x2048x8192" -> [(8192, 1152, 6912), (4096, 2048, 8192)]."""
-    try:
-        shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
-        raise argparse.ArgumentTypeError(f"expected MxKxN[,MxKxN...] of positive ints; got {text!r}")
-    return shapes
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.gated_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser.add_argument("--activation", default="silu", choices=tuple(ACTIVATIONS),
                         help="the gate's activation (gelu_tanh: Gemma's GeGLU)")
-    parser.add_argument("--shapes", type=_shapes, default=None,
+    parser.add_argument("--shapes", type=parse_mkn, default=None,
                         help="MxKxN,... (N = d_ff) instead of the presets' shapes")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU: the kernel under the interpreter at a tiny shape")

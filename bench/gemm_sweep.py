@@ -64,6 +64,7 @@ import jax.numpy as jnp
 
 from bench import gemm_candidates as candidates
 from bench import timing
+from bench.shapes import parse_mkn
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.gemm_config import (TuningConfig, check_shapes, config_fields,
                                         config_from_fields, default_config)
@@ -116,23 +117,12 @@ QUICK_PLAN = Plan(screen_shapes=QUICK_SHAPES[:1], refine_top=1, top_k=1, max_scr
                   repeats=1, warmup=0, interpret=True)
 
 
-def _parse_shapes(text: str) -> tuple[Shape, ...]:
-    shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not MxKxN")
-        m, k, n = map(int, parts)
-        shapes.append((m, k, n))
-    return tuple(shapes)
-
-
 def _args() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gemm_sweep",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--out", help="results folder (default: $OUT, else a temporary folder)")
     p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget, seconds")
-    p.add_argument("--shapes", type=_parse_shapes, help="comma-separated MxKxN (default: presets)")
+    p.add_argument("--shapes", type=parse_mkn, help="comma-separated MxKxN (default: presets)")
     p.add_argument("--quick", action="store_true",
                    help="CPU check of the code path: interpreter, tiny shapes, two configs")
     p.add_argument("--screen-all", action="store_true",

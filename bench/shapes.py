@@ -7,6 +7,8 @@ gate/up (8192 -> 2x28672). Two weights share one norm, as gate and up do.
 
 from __future__ import annotations
 
+import argparse
+
 from bench.presets import ModelPreset
 
 M_ALL = (1, 16, 64, 512, 2048, 8192, 16384)
@@ -50,3 +52,15 @@ def decode_projections(p: ModelPreset) -> list[tuple[str, str, int, tuple[int, .
             ("down", "gemm_norm", p.d_ff, (p.d_model,)),
         ]
     return projections
+
+
+def parse_mkn(text: str) -> tuple[tuple[int, int, int], ...]:
+    """A `--shapes` argument: "8192x1152x6912,4x8x16" -> ((8192, 1152, 6912), (4, 8, 16))."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not MxKxN of positive ints")
+        m, k, n = map(int, parts)
+        shapes.append((m, k, n))
+    return tuple(shapes)

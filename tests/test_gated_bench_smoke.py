@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bench import gated_bench
+from bench.shapes import parse_mkn
 
 
 def test_smoke_mode_times_every_variant_and_reports(tmp_path):
@@ -32,7 +33,7 @@ def test_gelu_smoke_labels_its_floor_and_records_the_activation(tmp_path):
 
 
 def test_shapes_option_parses_and_rejects():
-    assert gated_bench._shapes("8192x1152x6912,4x8x16") == [(8192, 1152, 6912), (4, 8, 16)]
+    assert parse_mkn("8192x1152x6912,4x8x16") == ((8192, 1152, 6912), (4, 8, 16))
     for bad in ("8192x1152", "ax2x3", "0x2x3", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            gated_bench._shapes(bad)
+            parse_mkn(bad)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from bench import gemm_candidates, gemm_sweep, gemm_table_writer
+from bench.shapes import parse_mkn
 from pallas_kernels import gemm_config, gemm_configs, hardware
 from pallas_kernels.gemm_config import (MatmulDimension, TuningConfig, config_fields,
                                         config_from_fields, smem_bytes)
@@ -206,4 +207,4 @@ def test_unmeasured_lists_the_shapes_without_a_table_entry(capsys):
     assert gemm_sweep.main(["--unmeasured", "--shapes", f"{measured[0][0]}x{measured[0][1]}x"
                             f"{measured[0][2]},96x160x224"]) == 0
     printed = capsys.readouterr().out.strip()
-    assert printed == "96x160x224" and gemm_sweep._parse_shapes(printed) == (outside,)
+    assert printed == "96x160x224" and parse_mkn(printed) == (outside,)
