@@ -5,6 +5,7 @@ the stock norm, at the model presets' training norms.
     PYTHONPATH=. python -m bench.norm_backward --smoke --out /tmp/nb          # CPU, interpreter
     PYTHONPATH=. python -m bench.norm_backward --write-table $OUT/norm-backward.json \
         --run-commit abc1234                       # -> jaxnorm/backends/norm_backward_measured.py
+    PYTHONPATH=. python -m bench.norm_backward --configs --out $OUT [--shapes 2048x1152]
 
 Per shape (M x K: a preset's training rows of d_model, and its QK-norm heads' rows of
 head_dim), bf16, with a gain (the unfolded model) and without (flashified): (x, G) ->
@@ -28,6 +29,11 @@ rotated through copies larger than L2). The op alone is not the model: in a trai
 XLA fuses the stock backward with its neighbours (the residual stream's gradient add), so
 the model suite's variant "norm backward kernel" (bench/gpu/variant_probe.py) is the test
 that decides; this table is what automatic dispatch reads.
+
+`--configs` times, per shape (with a gain; at d_model rows with the stream's cotangent added
+in the kernel, as the fused model runs it), every config of
+`rms_norm_backward.backward_candidates` (rows per block, row blocks per CTA) and the
+selected one's kernel alone, without XLA's sum of its column partials, against stock.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ import numpy as np
 from bench import decode_groups, decode_table_writer, report, timing
 from bench.gemm_table_writer import module_header
 from bench.model_suite import SHAPES
+from bench.shapes import parse_dims
 from jaxnorm.backends import norm_backward_measured
+from pallas_kernels import rms_norm_backward as backward_kernel
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
 BF16 = jnp.bfloat16
@@ -134,6 +142,97 @@ def measure_shape(m: int, k: int, with_gain: bool, stream: bool, *, repeats: int
     return entries
 
 
+def config_label(config: backward_kernel.BackwardConfig, m: int) -> str:
+    """'4 rows x 2 blocks, 256 CTAs': rows per block, blocks per CTA, the grid."""
+    bm, steps = config.rows.block_m, config.steps
+    return f"{bm} rows x {steps} blocks, {m // bm // steps} CTAs"
+
+
+ALONE = "selected, kernel alone (partials unsummed)"
+
+
+def measure_configs(m: int, k: int, stream: bool, *, repeats: int, interpret: bool,
+                    num_sms: int) -> list[dict[str, Any]]:
+    """Stock and every candidate config at (m, k) with a gain (the stream's cotangent added in
+    the kernel where `stream`), each checked against float64 first, timed interleaved; the
+    selected config (the first) also without XLA's sum of its partials (not checked: its
+    d scale is the partials)."""
+    from jaxnorm.backends import xla
+
+    key = jax.random.key(m * 37 + k)
+    first = _inputs(key, m, k)
+    copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k) for c in range(1, copies)]
+    configs = backward_kernel.backward_candidates(m, k, BF16, num_sms=num_sms, addend=stream)
+
+    def run(config, sum_partials=True):
+        def fn(x, g, r, scale):
+            return backward_kernel.rms_norm_backward(
+                x, g, scale, r if stream else None, eps=1e-6, scale_offset=0.0,
+                config=config, interpret=interpret, sum_partials=sum_partials)
+        return fn
+
+    def stock(x, g, r, scale):
+        dx, d_scale = xla.rms_norm_vjp(x, g, scale, eps=1e-6, scale_offset=0.0)
+        return (dx + r if stream else dx), d_scale
+
+    fns: dict[str, Callable[..., Any]] = {STOCK: stock}
+    fns.update({config_label(c, m): run(c) for c in configs})
+    entries = [check(label, fn, first, True, stream) for label, fn in fns.items()]
+    for entry, config in zip(entries[1:], configs):
+        entry.update(block_m=config.rows.block_m, steps=config.steps,
+                     ctas=m // config.rows.block_m // config.steps,
+                     selected=config == configs[0])
+    fns[ALONE] = run(configs[0], sum_partials=False)
+    entries.append(dict(label=ALONE, correct=True))
+    decode_groups.time_interleaved(entries, fns, arg_sets, repeats=repeats,
+                                   weight_bytes=2 * m * k * 2, baselines=((STOCK, "vs_stock"),))
+    return entries
+
+
+def configs_table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
+    lines = []
+    for row in rows:
+        by_label = {e["label"]: e for e in row["variants"]}
+        timed = [e for e in row["variants"] if "ctas" in e and "us" in e]
+        best = min(timed, key=lambda e: e["us"], default={})
+        selected = next((e for e in timed if e.get("selected")), {})
+        lines.append(["x".join(map(str, row["shape"])), "+ R" if row["stream"] else "",
+                      report.fmt(by_label[STOCK].get("us")),
+                      selected.get("label", "-"), report.fmt(selected.get("vs_stock"), 3),
+                      report.fmt(by_label[ALONE].get("vs_stock"), 3),
+                      best.get("label", "-"), report.fmt(best.get("vs_stock"), 3),
+                      f"{len(timed)} of {sum('ctas' in e for e in row['variants'])}"])
+    return report.TextTable(
+        "RMSNorm backward configs, bf16, with a gain (CUPTI; ratios over stock's time)",
+        ["M x K", "stream", "stock us", "selected", "selected / stock",
+         "selected alone / stock", "best", "best / stock", "timed"], lines, left_columns=4)
+
+
+def run_configs(args: argparse.Namespace, start: float, sms: int) -> int:
+    shapes = args.shapes or (SMOKE_SHAPES if args.smoke else training_shapes())
+    payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
+                                   budget_s=args.budget_s, rows=[], skipped=[])
+    for m, k in shapes:
+        if time.monotonic() - start > args.budget_s:
+            payload["skipped"].append([m, k])
+            continue
+        stream = stream_rows(k) or args.smoke
+        entries = measure_configs(m, k, stream, repeats=1 if args.smoke else 10,
+                                  interpret=args.smoke, num_sms=sms)
+        payload["rows"].append(dict(shape=[m, k], gain=True, stream=stream, variants=entries))
+        payload["elapsed_s"] = time.monotonic() - start
+        report.write_json(args.out / "norm-backward-configs.json", payload)
+        print(f"{m}x{k}: " + ", ".join(f"{e['label']} {e.get('us', e.get('failure', '-'))}"
+                                       for e in entries), flush=True)
+    skipped = ", ".join("x".join(map(str, s)) for s in payload["skipped"]) or "none"
+    report.write_markdown(args.out / "norm-backward-configs.md", "RMSNorm backward configs",
+                          [f"`python -m bench.norm_backward --configs` "
+                           f"({time.monotonic() - start:.0f} s; skipped for the budget: "
+                           f"{skipped})."], [configs_table(payload["rows"])])
+    return 0
+
+
 def stream_rows(k: int) -> bool:
     """Whether rows of K are a d_model norm's (the residual stream's) in some preset."""
     return any(shape.cfg.d_model == k for shape in SHAPES.values())
@@ -190,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny shape under the Pallas interpreter (CPU)")
+    parser.add_argument("--configs", action="store_true",
+                        help="time every candidate config of the kernel against stock")
+    parser.add_argument("--shapes", type=lambda s: parse_dims(s, 2),
+                        default=None, help="MxK,... (with --configs; default: the presets')")
     decode_table_writer.add_table_arguments(
         parser, "jaxnorm/backends/norm_backward_measured.py", "python -m bench.norm_backward")
     args = parser.parse_args(argv)
@@ -203,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     sms = 4 if args.smoke else jax.devices()[0].core_count
+    if args.configs:
+        return run_configs(args, start, sms)
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    budget_s=args.budget_s, rows=[], skipped=[])
     for m, k in SMOKE_SHAPES if args.smoke else training_shapes():

@@ -54,13 +54,19 @@ def decode_projections(p: ModelPreset) -> list[tuple[str, str, int, tuple[int, .
     return projections
 
 
-def parse_mkn(text: str) -> tuple[tuple[int, int, int], ...]:
-    """A `--shapes` argument: "8192x1152x6912,4x8x16" -> ((8192, 1152, 6912), (4, 8, 16))."""
+def parse_dims(text: str, dims: int) -> tuple[tuple[int, ...], ...]:
+    """A `--shapes` argument of `dims` sizes each: "2048x1152,4x8" (dims 2) ->
+    ((2048, 1152), (4, 8))."""
+    form = "x".join("MKN"[:dims]) if dims <= 3 else f"{dims} sizes"
     shapes = []
     for item in text.split(","):
         parts = item.strip().lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not MxKxN of positive ints")
-        m, k, n = map(int, parts)
-        shapes.append((m, k, n))
+        if len(parts) != dims or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not {form} of positive ints")
+        shapes.append(tuple(map(int, parts)))
     return tuple(shapes)
+
+
+def parse_mkn(text: str) -> tuple[tuple[int, int, int], ...]:
+    """A `--shapes` argument: "8192x1152x6912,4x8x16" -> ((8192, 1152, 6912), (4, 8, 16))."""
+    return parse_dims(text, 3)  # type: ignore[return-value]

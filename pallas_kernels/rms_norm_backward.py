@@ -36,7 +36,7 @@ from pallas_kernels.errors import Unsupported
 from pallas_kernels.row_norm_config import RowNormConfig, make_config, row_layout, select_config
 from pallas_kernels.row_stats import safe_rsqrt
 
-__all__ = ["BackwardConfig", "select_backward_config", "rms_norm_backward"]
+__all__ = ["BackwardConfig", "backward_candidates", "select_backward_config", "rms_norm_backward"]
 
 # x and G tiles, the gain and the column partial staged together (H200: 227 KiB per CTA).
 _MAX_SMEM_BYTES = 200 * 1024
@@ -107,6 +107,39 @@ def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
             f"need {config.smem_bytes(k, dtype)} bytes of shared memory; at most "
             f"{_MAX_SMEM_BYTES} fit one CTA")
     return config
+
+
+def backward_candidates(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
+                        addend: bool = False) -> list[BackwardConfig]:
+    """The configs a tuning sweep times at (m, k) (bench/norm_backward.py --configs): blocks
+    of 1-16 whole rows, each with the fewest row blocks per CTA that bring the grid down to
+    8, 4, 2 and 1 CTAs per SM, the ones whose tiles fit shared memory; the selected config
+    first. Fewer CTAs write fewer column partials for XLA to sum, more hide the copy's
+    latency behind other CTAs' work."""
+    chosen = select_backward_config(m, k, dtype, num_sms=num_sms, addend=addend)
+    candidates = [chosen]
+    for block_m in (1, 2, 4, 8, 16):
+        if m % block_m:
+            continue
+        rows = None
+        for vector_bytes in (8, 4):
+            try:
+                rows = make_config(m, k, dtype, block_m=block_m, cluster_k=1,
+                                   vector_bytes=vector_bytes)
+                break
+            except Unsupported:
+                continue
+        if rows is None:
+            continue
+        blocks = m // block_m
+        divisors = [s for s in range(1, blocks + 1) if blocks % s == 0]
+        for per_sm in (8, 4, 2, 1):
+            steps = next((s for s in divisors if blocks // s <= per_sm * num_sms), None)
+            config = BackwardConfig(rows, steps, addend) if steps else None
+            if (config is not None and config not in candidates
+                    and config.smem_bytes(k, dtype) <= _MAX_SMEM_BYTES):
+                candidates.append(config)
+    return candidates
 
 
 def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
@@ -230,10 +263,13 @@ def rms_norm_backward(
     scale_offset: float,
     config: BackwardConfig,
     interpret: bool = False,
+    sum_partials: bool = True,
 ) -> tuple[jax.Array, jax.Array | None]:
     """(dx in x.dtype, d scale in float32 or None) of y = RMSNorm(x) (scale + offset) for the
     cotangent g of y, with `addend` (x's other cotangent, as the config says) added to dx
-    before its rounding; x, g and addend are [M, K] of one dtype, M whole row blocks."""
+    before its rounding; x, g and addend are [M, K] of one dtype, M whole row blocks. With
+    `sum_partials=False`, d scale is the kernel's [CTAs, K] column partials, unsummed (to
+    time the kernel without XLA's sum)."""
     if x.ndim != 2 or any(a is not None and (a.shape, a.dtype) != (x.shape, x.dtype)
                           for a in (g, addend)):
         raise ValueError(f"x, g (and addend) must be [M, K] of one dtype; got "
@@ -280,4 +316,4 @@ def rms_norm_backward(
     if not has_scale:
         return call(*args)[0], None
     dx, colsum = call(*args)
-    return dx, jnp.sum(colsum, axis=0)
+    return dx, jnp.sum(colsum, axis=0) if sum_partials else colsum

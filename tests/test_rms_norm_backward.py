@@ -214,6 +214,33 @@ def test_several_row_blocks_per_cta(rng, block_m, steps, with_gain):
     assert_race_free()
 
 
+def test_every_tuning_candidate_matches_float64(rng):
+    """The sweep's configs (bench/norm_backward.py --configs) at a shape with several of each:
+    rows per block 1-16, grids of 1-8 CTAs per SM; every one race-free and right, the
+    selected config first; the partials unsummed sum to the same d scale."""
+    m, k = 64, 256
+    configs = rb.backward_candidates(m, k, jnp.bfloat16, num_sms=2, addend=True)
+    assert configs[0] == rb.select_backward_config(m, k, jnp.bfloat16, num_sms=2, addend=True)
+    assert len(configs) == len(set(configs)) >= 6
+    assert {c.rows.block_m for c in configs} >= {1, 4, 16}
+    x, g, stream = (rng.standard_normal((m, k)).astype(BF16) for _ in range(3))
+    scale = (1 + 0.1 * rng.standard_normal(k)).astype(F32)
+    for config in configs:
+        dx, d_scale = rb.rms_norm_backward(jnp.asarray(x), jnp.asarray(g), jnp.asarray(scale),
+                                           jnp.asarray(stream), eps=1e-6, scale_offset=0.0,
+                                           config=config, interpret=True)
+        assert check_rms_norm_backward(dx, d_scale, x=x, g=g, scale=scale, eps=1e-6,
+                                       stream=stream) <= 1.0, config
+        assert_race_free()
+    _, partials = rb.rms_norm_backward(jnp.asarray(x), jnp.asarray(g), jnp.asarray(scale),
+                                       jnp.asarray(stream), eps=1e-6, scale_offset=0.0,
+                                       config=configs[-1], interpret=True, sum_partials=False)
+    ctas = m // configs[-1].rows.block_m // configs[-1].steps
+    assert partials.shape == (ctas, k)
+    np.testing.assert_allclose(np.asarray(partials).sum(0), np.asarray(d_scale), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_selection_makes_one_wave_of_few_ctas():
     """Llama-3.2-1B's training norm on the H200: 1024 blocks of 4 rows in 256 CTAs of 4 blocks
     (two resident per SM), so XLA sums 256 column partials, not 1024."""
