@@ -6,6 +6,8 @@ the stock norm, at the model presets' training norms.
     PYTHONPATH=. python -m bench.norm_backward --write-table $OUT/norm-backward.json \
         --run-commit abc1234                       # -> jaxnorm/backends/norm_backward_measured.py
     PYTHONPATH=. python -m bench.norm_backward --configs --out $OUT [--shapes 2048x1152]
+    PYTHONPATH=. python -m bench.norm_backward --write-configs $OUT/norm-backward-configs.json \
+        --run-commit abc1234              # -> pallas_kernels/rms_norm_backward_configs.py
 
 Per shape (M x K: a preset's training rows of d_model, and its QK-norm heads' rows of
 head_dim), bf16, with a gain (the unfolded model) and without (flashified): (x, G) ->
@@ -33,7 +35,8 @@ that decides; this table is what automatic dispatch reads.
 `--configs` times, per shape (with a gain; at d_model rows with the stream's cotangent added
 in the kernel, as the fused model runs it), every config of
 `rms_norm_backward.backward_candidates` (rows per block, row blocks per CTA) and the
-selected one's kernel alone, without XLA's sum of its column partials, against stock.
+selected one's kernel alone, without XLA's sum of its column partials, against stock;
+`--write-configs` makes the fastest at each shape the kernel's selection there.
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ from bench.model_suite import SHAPES
 from bench.shapes import parse_dims
 from jaxnorm.backends import norm_backward_measured
 from pallas_kernels import rms_norm_backward as backward_kernel
+from pallas_kernels import rms_norm_backward_configs
 from pallas_kernels.interpreter_flags import use_interpreter_safe_xla_flags
 
 BF16 = jnp.bfloat16
 KERNEL, STOCK, KERNEL_ADD = "kernel", "stock", "kernel, stream added in it"
 SMOKE_SHAPES = [(16, 256)]
 TABLE_PATH = Path(norm_backward_measured.__file__)
+CONFIGS_PATH = Path(rms_norm_backward_configs.__file__)
+CONFIGS_COMMAND = "python -m bench.norm_backward --configs"
+TABLE_COMMAND = "python -m bench.norm_backward"
 
 
 def training_shapes() -> list[tuple[int, int]]:
@@ -233,6 +240,34 @@ def run_configs(args: argparse.Namespace, start: float, sms: int) -> int:
     return 0
 
 
+def configs_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """pallas_kernels/rms_norm_backward_configs.py from `--configs` runs: per shape the
+    fastest correct config (a shape measured twice: the later run's)."""
+    gpu = [d for d in docs if not d.get("smoke")]
+    if not gpu:
+        raise ValueError("a table needs a GPU run, not --smoke")
+    env = gpu[-1]["environment"]
+    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
+                      sms=gpu[-1]["sms"], commit=commit)
+    entries = {}
+    for doc in gpu:
+        for row in doc["rows"]:
+            timed = [e for e in row["variants"] if "ctas" in e and "vs_stock" in e]
+            if timed:
+                best = min(timed, key=lambda e: e["us"])
+                selected = next(e for e in timed if e["selected"])
+                entries[tuple(row["shape"])] = (best["block_m"], best["steps"],
+                                                best["vs_stock"], selected["vs_stock"])
+    lines = module_header(rms_norm_backward_configs.__doc__,
+                          "The run: command, UTC date, GPU, its SM count, commit.", provenance)
+    lines += ["# ((M, K), dtype name, rows per block, row blocks per CTA, its time / stock's,",
+              "#  the selection's before this table / stock's): the fastest config measured.",
+              "ENTRIES: tuple[tuple[tuple[int, int], str, int, int, float, float], ...] = ("]
+    lines += [f"    ({shape!r}, 'bfloat16', {bm}, {steps}, {best:.3f}, {before:.3f}),"
+              for shape, (bm, steps, best, before) in entries.items()]
+    return "\n".join(lines + [")", ""])
+
+
 def stream_rows(k: int) -> bool:
     """Whether rows of K are a d_model norm's (the residual stream's) in some preset."""
     return any(shape.cfg.d_model == k for shape in SHAPES.values())
@@ -294,8 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=lambda s: parse_dims(s, 2),
                         default=None, help="MxK,... (with --configs; default: the presets')")
     decode_table_writer.add_table_arguments(
-        parser, "jaxnorm/backends/norm_backward_measured.py", "python -m bench.norm_backward")
+        parser, "jaxnorm/backends/norm_backward_measured.py", TABLE_COMMAND)
+    parser.add_argument("--write-configs", metavar="CONFIGS_JSON", type=Path, nargs="+",
+                        help="write pallas_kernels/rms_norm_backward_configs.py from --configs "
+                             "runs' JSON and exit")
     args = parser.parse_args(argv)
+    if args.write_configs:
+        command = (CONFIGS_COMMAND if args.run_command == TABLE_COMMAND
+                   else args.run_command)
+        print(decode_table_writer.write_source(configs_source, args.write_configs, CONFIGS_PATH,
+                                               command=command, commit=args.run_commit))
+        return 0
     if args.write_table:
         print(decode_table_writer.write_source(table_source, args.write_table, TABLE_PATH,
                                                command=args.run_command,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.experimental.pallas as pl
@@ -32,6 +33,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import rms_norm_backward_configs as backward_configs
 from pallas_kernels.errors import Unsupported
 from pallas_kernels.row_norm_config import RowNormConfig, make_config, row_layout, select_config
 from pallas_kernels.row_stats import safe_rsqrt
@@ -76,22 +78,70 @@ class BackwardConfig:
         return tiles + 4 * k + column_partials + _REDUCTION_SCRATCH_BYTES
 
 
+def _rows(m: int, k: int, dtype: jnp.dtype, block_m: int) -> RowNormConfig | None:
+    """The row layout of `block_m`-row blocks with the widest vectors the column sum's
+    cross-warp reduction takes (at most 4 elements), or None where none splits the row."""
+    itemsize = jnp.dtype(dtype).itemsize
+    for vector_bytes in (b for b in (16, 8, 4) if b // itemsize <= _MAX_VECTOR_ELEMS):
+        try:
+            return make_config(m, k, dtype, block_m=block_m, cluster_k=1,
+                               vector_bytes=vector_bytes)
+        except Unsupported:
+            continue
+    return None
+
+
+def _with_grid(m: int, k: int, dtype: jnp.dtype, block_m: int, ctas: int,
+               addend: bool) -> BackwardConfig | None:
+    """`block_m`-row blocks, each CTA taking the fewest in turn that bring the grid to at
+    most `ctas` CTAs; None where the blocks do not split M or their tiles do not fit."""
+    rows = _rows(m, k, dtype, block_m) if m % block_m == 0 else None
+    if rows is None:
+        return None
+    blocks = m // block_m
+    steps = next(s for s in range(1, blocks + 1) if blocks % s == 0 and blocks // s <= ctas)
+    config = BackwardConfig(rows, steps, addend)
+    return config if config.smem_bytes(k, dtype) <= _MAX_SMEM_BYTES else None
+
+
+def _measured_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
+                     addend: bool) -> BackwardConfig | None:
+    """The config measured fastest at the nearest shape of the same K and dtype, M within a
+    factor of 2, on a GPU of this SM count (pallas_kernels/rms_norm_backward_configs.py):
+    its rows per block and its CTA count."""
+    if backward_configs.PROVENANCE.get("sms") != num_sms:
+        return None
+    name = jnp.dtype(dtype).name
+    near = [(abs(math.log(em / m)), bm, em // bm // steps)
+            for (em, ek), ename, bm, steps, _, _ in backward_configs.ENTRIES
+            if ek == k and ename == name and max(em, m) <= 2 * min(em, m)]
+    if not near:
+        return None
+    _, block_m, ctas = min(near)
+    return _with_grid(m, k, dtype, block_m, ctas, addend)
+
+
 def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
                            addend: bool = False) -> BackwardConfig:
+    """The measured pick near (m, k) (`_measured_config`), else the one-wave heuristic
+    (`_one_wave_config`); Unsupported where a row does not split or a block of x and G does
+    not fit shared memory."""
+    measured = _measured_config(m, k, dtype, num_sms=num_sms, addend=addend)
+    return measured or _one_wave_config(m, k, dtype, num_sms=num_sms, addend=addend)
+
+
+def _one_wave_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
+                     addend: bool) -> BackwardConfig:
     """The forward row norm's rows per CTA (whole rows), with vectors of at most 4 elements,
     and the fewest row blocks per CTA that make the grid one wave; Unsupported where a row
     does not split or a block of x and G does not fit shared memory."""
     block_m = select_config(m, k, dtype, num_sms=num_sms, max_cluster=1).block_m
     itemsize = jnp.dtype(dtype).itemsize
     widths = [b for b in (16, 8, 4) if b // itemsize <= _MAX_VECTOR_ELEMS]
-    for vector_bytes in widths:
-        try:
-            rows = make_config(m, k, dtype, block_m=block_m, cluster_k=1,
-                               vector_bytes=vector_bytes)
-            break
-        except Unsupported:
-            if vector_bytes == widths[-1]:
-                raise
+    rows = _rows(m, k, dtype, block_m)
+    if rows is None:
+        make_config(m, k, dtype, block_m=block_m, cluster_k=1,
+                    vector_bytes=widths[-1])  # raises Unsupported with the reason
     blocks = m // block_m
     config = BackwardConfig(rows, 1, addend)
     for steps in (s for s in range(1, blocks + 1) if blocks % s == 0):
@@ -116,28 +166,11 @@ def backward_candidates(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
     8, 4, 2 and 1 CTAs per SM, the ones whose tiles fit shared memory; the selected config
     first. Fewer CTAs write fewer column partials for XLA to sum, more hide the copy's
     latency behind other CTAs' work."""
-    chosen = select_backward_config(m, k, dtype, num_sms=num_sms, addend=addend)
-    candidates = [chosen]
+    candidates = [select_backward_config(m, k, dtype, num_sms=num_sms, addend=addend)]
     for block_m in (1, 2, 4, 8, 16):
-        if m % block_m:
-            continue
-        rows = None
-        for vector_bytes in (8, 4):
-            try:
-                rows = make_config(m, k, dtype, block_m=block_m, cluster_k=1,
-                                   vector_bytes=vector_bytes)
-                break
-            except Unsupported:
-                continue
-        if rows is None:
-            continue
-        blocks = m // block_m
-        divisors = [s for s in range(1, blocks + 1) if blocks % s == 0]
         for per_sm in (8, 4, 2, 1):
-            steps = next((s for s in divisors if blocks // s <= per_sm * num_sms), None)
-            config = BackwardConfig(rows, steps, addend) if steps else None
-            if (config is not None and config not in candidates
-                    and config.smem_bytes(k, dtype) <= _MAX_SMEM_BYTES):
+            config = _with_grid(m, k, dtype, block_m, per_sm * num_sms, addend)
+            if config is not None and config not in candidates:
                 candidates.append(config)
     return candidates
 

@@ -50,3 +50,26 @@ def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
         [entry(True, "kernel")[5], entry(True, norm_backward.KERNEL_ADD)[5],
          entry(False, "kernel")[5]], abs=0.051)
     assert table.PROVENANCE["sms"] == 132 and table.PROVENANCE["commit"] == "abc"
+
+
+def test_configs_sweep_checks_every_candidate_and_writes_the_fastest(tmp_path):
+    """--configs under the interpreter: every candidate checked against float64 (race-free),
+    the selected one first; --write-configs keeps each shape's fastest and its ratio."""
+    assert norm_backward.main(["--smoke", "--configs", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "norm-backward-configs.json").read_text())
+    (row,) = doc["rows"]
+    candidates = [e for e in row["variants"] if "ctas" in e]
+    assert len(candidates) >= 4 and candidates[0]["selected"]
+    assert all(e["correct"] and e["err_tol"] <= 1.0 for e in candidates), candidates
+    gpu = dict(doc, smoke=False)
+    path = tmp_path / "configs.py"
+    path.write_text(norm_backward.configs_source([gpu], "cmd", "abc"))
+    spec = importlib.util.spec_from_file_location("configs", path)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    fastest = min(candidates, key=lambda e: e["us"])
+    ((shape, dtype, block_m, steps, ratio, before),) = table.ENTRIES
+    assert (list(shape), dtype, block_m, steps) == (row["shape"], "bfloat16",
+                                                     fastest["block_m"], fastest["steps"])
+    assert ratio == round(fastest["vs_stock"], 3) and table.PROVENANCE["commit"] == "abc"
+    assert before == round(candidates[0]["vs_stock"], 3)

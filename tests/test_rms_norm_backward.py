@@ -241,12 +241,35 @@ def test_every_tuning_candidate_matches_float64(rng):
                                atol=1e-5)
 
 
-def test_selection_makes_one_wave_of_few_ctas():
-    """Llama-3.2-1B's training norm on the H200: 1024 blocks of 4 rows in 256 CTAs of 4 blocks
-    (two resident per SM), so XLA sums 256 column partials, not 1024."""
+def test_selection_makes_one_wave_of_few_ctas(monkeypatch):
+    """With no measured config (another GPU, or none near): Llama-3.2-1B's training norm on
+    the H200 takes 1024 blocks of 4 rows in 256 CTAs of 4 blocks (two resident per SM), so
+    XLA sums 256 column partials, not 1024."""
+    monkeypatch.setattr(rb.backward_configs, "ENTRIES", ())
     config = rb.select_backward_config(4096, 2048, jnp.bfloat16, num_sms=hardware.H200_SMS)
     assert (config.rows.block_m, config.steps) == (4, 4)
     assert config.smem_bytes(2048, jnp.bfloat16) <= 227 * 1024 // 2
+
+
+def test_selection_takes_the_measured_config_near_its_shape(monkeypatch):
+    """A measured entry gives its rows per block and CTA count at M within 2x (blocks per CTA
+    scaled to M), only for its K, dtype and SM count; the heuristic elsewhere."""
+    monkeypatch.setattr(rb.backward_configs, "PROVENANCE", {"sms": hardware.H200_SMS})
+    monkeypatch.setattr(rb.backward_configs, "ENTRIES",
+                        (((2048, 1152), "bfloat16", 2, 4, 0.48, 0.74),))
+    select = functools.partial(rb.select_backward_config, k=1152, dtype=jnp.bfloat16)
+    at = select(2048, num_sms=hardware.H200_SMS, addend=True)
+    assert (at.rows.block_m, at.steps, at.addend) == (2, 4, True)
+    twice = select(4096, num_sms=hardware.H200_SMS)
+    assert (twice.rows.block_m, 4096 // 2 // twice.steps) == (2, 256)
+    heuristic = rb._one_wave_config(8192, 1152, jnp.bfloat16, num_sms=hardware.H200_SMS,
+                                    addend=False)
+    assert select(8192, num_sms=hardware.H200_SMS) == heuristic  # M 4x away
+    other_gpu = select(2048, num_sms=hardware.H200_SMS - 18)
+    assert other_gpu == rb._one_wave_config(2048, 1152, jnp.bfloat16,
+                                            num_sms=hardware.H200_SMS - 18, addend=False)
+    assert rb._measured_config(2048, 1024, jnp.bfloat16, num_sms=hardware.H200_SMS,
+                               addend=False) is None  # another K: no entry applies
 
 
 @pytest.mark.parametrize("m, k, with_gain", [(16, 512, True), (6, 320, False)])
