@@ -71,13 +71,16 @@ TABLE_COMMAND = "python -m bench.norm_backward"
 
 
 def training_shapes() -> list[tuple[int, int]]:
-    """(M, K) of every preset's training norms: d_model rows, then QK-norm head rows."""
+    """(M, K) of every preset's training norms: d_model rows, then QK-norm head rows of the
+    queries and, where no query shape is within 2x in M (dispatch's reach), of the keys."""
     shapes = []
     for shape in SHAPES.values():
         c, rows = shape.cfg, shape.train[0] * shape.train[1]
         shapes.append((rows, c.d_model))
         if c.qk_norm:
             shapes.append((rows * c.n_heads, c.head_dim))
+            if c.n_heads > 2 * c.n_kv_heads:
+                shapes.append((rows * c.n_kv_heads, c.head_dim))
     return list(dict.fromkeys(shapes))
 
 

@@ -37,6 +37,8 @@
 #   FUSED_ARGS="--kind lazy --n 1024,256,256" bash scripts/h200.sh fused-configs  # q/k/v configs
 #   SHAPES=$(python -m bench.gemm_sweep --unmeasured) SWEEP_PRIOR="..." bash scripts/h200.sh gemm-screen
 #     # the preset shapes the GEMM table has no entry for, screened and merged into it
+#   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward-configs norm-backward  # its configs
+#     swept at every preset training shape, then its dispatch table timed with them
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
@@ -116,6 +118,13 @@ for name in "$@"; do
         "$WORK/decode_attention/decode-attention.json" --run-commit "${RUN_COMMIT:-unknown}" \
         --run-command "python -m bench.decode_attention_bench --budget-s $(( ${ATTN_LIMIT:-220} - 20 )) ${ATTN_ARGS:-}"
       cp jaxnorm/backends/decode_attention_measured.py "$WORK/" ;;
+    norm-backward-configs)  # every candidate config of the backward kernel, the fastest kept
+      stage norm_backward_configs "${CONFIGS_LIMIT:-280}" python3 -m bench.norm_backward --configs \
+        ${SHAPES:+--shapes "$SHAPES"} --budget-s $(( ${CONFIGS_LIMIT:-280} - 30 )) \
+        --out "$WORK/norm_backward_configs"
+      stage configs_table 30 python3 -m bench.norm_backward --write-configs ${CONFIGS_PRIOR:-} \
+        "$WORK/norm_backward_configs/norm-backward-configs.json" --run-commit "${RUN_COMMIT:-unknown}"
+      cp pallas_kernels/rms_norm_backward_configs.py "$WORK/" ;;
     norm-backward)  # RMSNorm's backward kernel vs JAX's autodiff of the norm, then its table
       stage norm_backward "${BACKWARD_LIMIT:-150}" python3 -m bench.norm_backward \
         --budget-s $(( ${BACKWARD_LIMIT:-150} - 30 )) --out "$WORK/norm_backward"

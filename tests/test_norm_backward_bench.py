@@ -73,3 +73,20 @@ def test_configs_sweep_checks_every_candidate_and_writes_the_fastest(tmp_path):
                                                      fastest["block_m"], fastest["steps"])
     assert ratio == round(fastest["vs_stock"], 3) and table.PROVENANCE["commit"] == "abc"
     assert before == round(candidates[0]["vs_stock"], 3)
+
+
+def test_training_shapes_reach_every_preset_norm():
+    """Every training norm of the presets has a shape in the bench within dispatch's reach
+    (same K, M within 2x): Gemma-3-1B's one key head a token (2048x256) is 4x from its
+    query heads' rows, so it is measured on its own."""
+    from bench.model_suite import SHAPES
+
+    shapes = norm_backward.training_shapes()
+    assert (2048, 256) in shapes and (8192, 256) in shapes and (2048, 1152) in shapes
+    for preset in SHAPES.values():
+        c, rows = preset.cfg, preset.train[0] * preset.train[1]
+        norms = [(rows, c.d_model)]
+        if c.qk_norm:
+            norms += [(rows * c.n_heads, c.head_dim), (rows * c.n_kv_heads, c.head_dim)]
+        for m, k in norms:
+            assert any(sk == k and max(sm, m) <= 2 * min(sm, m) for sm, sk in shapes), (m, k)
