@@ -243,15 +243,22 @@ def run_configs(args: argparse.Namespace, start: float, sms: int) -> int:
     return 0
 
 
-def configs_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
-    """pallas_kernels/rms_norm_backward_configs.py from `--configs` runs: per shape the
-    fastest correct config (a shape measured twice: the later run's)."""
+def _gpu_runs(docs: Sequence[dict[str, Any]], command: str,
+              commit: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The GPU runs among `docs` (a --smoke run makes no table) and a table's PROVENANCE from
+    the last of them."""
     gpu = [d for d in docs if not d.get("smoke")]
     if not gpu:
         raise ValueError("a table needs a GPU run, not --smoke")
     env = gpu[-1]["environment"]
-    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=gpu[-1]["sms"], commit=commit)
+    return gpu, dict(command=command, date=env["date_utc"], device=env["devices"][0],
+                     sms=gpu[-1]["sms"], commit=commit)
+
+
+def configs_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
+    """pallas_kernels/rms_norm_backward_configs.py from `--configs` runs: per shape the
+    fastest correct config (a shape measured twice: the later run's)."""
+    gpu, provenance = _gpu_runs(docs, command, commit)
     entries = {}
     for doc in gpu:
         for row in doc["rows"]:
@@ -296,12 +303,7 @@ def table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
 def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
     """jaxnorm/backends/norm_backward_measured.py from GPU runs (a shape measured twice: the
     later run's)."""
-    gpu = [d for d in docs if not d.get("smoke")]
-    if not gpu:
-        raise ValueError("a table needs a GPU run, not --smoke")
-    env = gpu[-1]["environment"]
-    provenance = dict(command=command, date=env["date_utc"], device=env["devices"][0],
-                      sms=gpu[-1]["sms"], commit=commit)
+    gpu, provenance = _gpu_runs(docs, command, commit)
     entries = {}
     for doc in gpu:
         for row in doc["rows"]:
