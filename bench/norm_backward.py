@@ -154,8 +154,7 @@ def measure_shape(m: int, k: int, with_gain: bool, stream: bool, *, repeats: int
 
 def config_label(config: backward_kernel.BackwardConfig, m: int) -> str:
     """'4 rows x 2 blocks, 256 CTAs': rows per block, blocks per CTA, the grid."""
-    bm, steps = config.rows.block_m, config.steps
-    return f"{bm} rows x {steps} blocks, {m // bm // steps} CTAs"
+    return f"{config.rows.block_m} rows x {config.steps} blocks, {config.ctas(m)} CTAs"
 
 
 ALONE = "selected, kernel alone (partials unsummed)"
@@ -191,7 +190,7 @@ def measure_configs(m: int, k: int, stream: bool, *, repeats: int, interpret: bo
     entries = [check(label, fn, first, True, stream) for label, fn in fns.items()]
     for entry, config in zip(entries[1:], configs):
         entry.update(block_m=config.rows.block_m, steps=config.steps,
-                     ctas=m // config.rows.block_m // config.steps,
+                     ctas=config.ctas(m),
                      selected=config == configs[0])
     fns[ALONE] = run(configs[0], sum_partials=False)
     entries.append(dict(label=ALONE, correct=True))

@@ -71,6 +71,10 @@ class BackwardConfig:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
 
+    def ctas(self, m: int) -> int:
+        """The grid over m rows: one CTA per `steps` blocks of `block_m` rows."""
+        return m // self.rows.block_m // self.steps
+
     def smem_bytes(self, k: int, dtype: jnp.dtype) -> int:
         buffers = 2 if self.steps > 1 else 1
         tiles = (2 + self.addend) * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
@@ -315,7 +319,7 @@ def rms_norm_backward(
     if m % bm or k % config.rows.chunk_k:
         raise Unsupported(f"{m} x {k} does not split into {bm}-row blocks of "
                           f"{config.rows.chunk_k}-column chunks")
-    num_ctas = m // bm // config.steps
+    num_ctas = config.ctas(m)
     if num_ctas * config.steps * bm != m:
         raise Unsupported(f"M={m} is not {config.steps} steps of {bm}-row blocks per CTA")
     has_scale = scale is not None

@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One pre-norm GEMM op, one standalone norm, one post-norm op with a residual, one with its
 # output's statistics (and one at decode rows, through the decode GEMM), one decode gated shape,
 # the kernel-level transport and GEMM-variant checks (the gain in the mainloop among them),
-# RMSNorm's backward kernel (gain, alone and with the stream's cotangent), and the decode GEMM and gated kernel summing their K
-# splits in a cluster.
+# RMSNorm's backward kernel (gain, alone and with the stream's cotangent), and the decode
+# GEMM and gated kernel summing their K splits in a cluster.
 ONLY = ["rms_norm 4x2048", "dense_rms_norm 64x64x256", "row_norm rms",
         "post_norm rms 128x64x512", "lazy GEMM: row statistics",
         "lazy GEMM: gain in the mainloop 4096", "layer_norm_dense 16x128x128",

@@ -865,12 +865,13 @@ def decode_attention_input_cases() -> list[tuple[str, str, Callable[[], str]]]:
     return cases
 
 
-# RMSNorm's backward at the presets' training norms (full) and small stand-ins (SMOKE):
+# RMSNorm's backward at the presets' training norms (full) and small stand-ins (SMOKE), and
+# whether they are d_model rows, where the residual stream's cotangent joins the norm's:
 # d_model rows of Llama-3.2-1B, Qwen3-0.6B, Gemma-3-1B, Llama-3-8B, and QK-norm heads
 # (Qwen3-0.6B's, Gemma-3-1B's query heads).
-NORM_BACKWARD_SHAPES = [((4096, 2048), (8, 512)), ((4096, 1024), (16, 256)),
-                        ((2048, 1152), (12, 1152)), ((4096, 4096), (4, 1024)),
-                        ((65536, 128), (64, 128)), ((8192, 256), (32, 256))]
+NORM_BACKWARD_SHAPES = [((4096, 2048), (8, 512), True), ((4096, 1024), (16, 256), True),
+                        ((2048, 1152), (12, 1152), True), ((4096, 4096), (4, 1024), True),
+                        ((65536, 128), (64, 128), False), ((8192, 256), (32, 256), False)]
 
 
 def norm_backward_cases() -> list[tuple[str, str, Callable[[], str]]]:
@@ -898,10 +899,9 @@ def norm_backward_cases() -> list[tuple[str, str, Callable[[], str]]]:
         return f"err/tol {ratio:.3f}"
 
     cases = []
-    for i, (full, smoke) in enumerate(NORM_BACKWARD_SHAPES):
+    for i, (full, smoke, d_model_rows) in enumerate(NORM_BACKWARD_SHAPES):
         m, k = _size(full, smoke)
-        # The first four are d_model rows, where the stream's cotangent joins the norm's.
-        forms = [(True, False), (False, False)] + ([(True, True)] if i < 4 else [])
+        forms = [(True, False), (False, False)] + ([(True, True)] if d_model_rows else [])
         for gain, stream in forms:
             label = (f"rms_norm_backward {m}x{k} {'gain' if gain else 'folded'}"
                      f"{' + stream' if stream else ''}")
