@@ -43,3 +43,13 @@ def test_smoke_mode_passes_and_reports(tmp_path):
     # cotangent added in it, and the cluster sums), three checks each; four kernel cases.
     assert len(rows) == 10 * 3 + 4, sorted(statuses)
     assert statuses["correct", "rms_norm_backward 8x512 gain + stream"] == "pass"
+
+
+def test_a_filter_that_matches_nothing_is_an_error(tmp_path):
+    env = {**os.environ, "SMOKE": "1", "OUT": str(tmp_path), "ONLY": "no such kernel",
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "bench/gpu/check_kernels.py")], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "matches no case label" in run.stderr
+    assert not (tmp_path / "check_kernels.json").exists()

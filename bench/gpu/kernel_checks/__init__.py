@@ -1,0 +1,1 @@
+"""The cases bench/gpu/check_kernels.py runs, one module per kernel family."""
