@@ -65,7 +65,7 @@ def test_training_step_reduces_what_stock_reduces(name):
 def test_gemma_training_step_takes_the_backward_kernel():
     """As a 132-SM GPU dispatches it, Gemma-3-1B's training step runs RMSNorm's backward
     kernel at its 25 d_model norms (2048x1152 rows with the stream's cotangent added in it:
-    0.49x stock, 11 us saved a launch with the measured configs) and its 6 query-head norms
+    0.52x stock, 10 us saved a launch with the measured configs) and its 6 query-head norms
     (8192x256), one launch each; the key-head norms (2048x256: 0.55x stock but 4.0 us saved a
     launch, under MIN_SAVED_US) stay XLA's (jaxnorm/backends/norm_backward_measured.py)."""
     text = lowered_training_step(model_suite.SHAPES["gemma3-1b"], fused=True,

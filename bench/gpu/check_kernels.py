@@ -27,11 +27,12 @@ import tempfile
 import time
 import traceback
 
-# common first: under SMOKE it sets the interpreter's XLA flags before jax computes anything.
-from bench.gpu.kernel_checks.common import IMPL, SMOKE, Case, Skipped
-from bench.gpu.kernel_checks import backward, decode, gated, ops, residual  # noqa: I001
+import jax
 
-import jax  # noqa: E402
+# Every kernel_checks module imports common, which under SMOKE sets the interpreter's XLA
+# flags; XLA reads them at jax's first computation, after these imports.
+from bench.gpu.kernel_checks import backward, decode, gated, ops, residual
+from bench.gpu.kernel_checks.common import IMPL, SMOKE, Case, Skipped
 
 
 @dataclasses.dataclass
