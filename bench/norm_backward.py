@@ -23,7 +23,10 @@ the stream's own cotangent R, which XLA adds inside the stock backward's last fu
 in a separate pass after the kernel: at those shapes both variants return dx + R (with R
 an input), at the heads' shapes (QK-norm, no stream) dx alone. There a third variant,
 "kernel, stream added in it", takes R as the kernel's addend: what an op that returns x for
-the stream runs (`return_input=True`, docs/backward.md); the table keeps both.
+the stream runs (`return_input=True`, docs/backward.md); the table keeps both. A d_model norm that feeds several GEMMs (a gated MLP's gate and up,
+the attention input's q, k and v) gets one cotangent from each: `--cotangents` times those
+rows with 2 and 3 of them, which "stock" and "kernel" take summed (XLA's add) and "kernel,
+stream added in it" sums as it reads them (`return_input=True` hands it each consumer's).
 
 Each output is judged against the float64 VJP first (a wrong one is reported, never timed);
 then both are timed interleaved (bench/decode_groups.py's rounds, CUPTI kernel time, inputs
@@ -84,17 +87,25 @@ def training_shapes() -> list[tuple[int, int]]:
     return list(dict.fromkeys(shapes))
 
 
-def _inputs(key: jax.Array, m: int, k: int) -> tuple[jax.Array, ...]:
-    """(x, G, R, gain): activations, the cotangent of the normed activations, the residual
-    stream's own cotangent, a gain near 1."""
-    kx, kg, kr, ks = jax.random.split(key, 4)
-    return (jax.random.normal(kx, (m, k), BF16), jax.random.normal(kg, (m, k), BF16),
-            jax.random.normal(kr, (m, k), BF16),
-            1 + 0.1 * jax.random.normal(ks, (k,), jnp.float32))
+def _inputs(key: jax.Array, m: int, k: int, cotangents: int = 1) -> tuple[jax.Array, ...]:
+    """(x, R, gain, G_1, ... G_n): activations, the residual stream's own cotangent, a gain
+    near 1, and the cotangents of the normed activations from its n consumers."""
+    kx, kr, ks, *kg = jax.random.split(key, 3 + cotangents)
+    return (jax.random.normal(kx, (m, k), BF16), jax.random.normal(kr, (m, k), BF16),
+            1 + 0.1 * jax.random.normal(ks, (k,), jnp.float32),
+            *(jax.random.normal(kgi, (m, k), BF16) for kgi in kg))
 
 
-def _variants(with_gain: bool, stream: bool, interpret: bool) -> dict[str, Callable[..., Any]]:
-    """label -> fn(x, G, R, gain) -> (dx [+ R], d scale or None)."""
+def _summed(gs: tuple[jax.Array, ...]) -> jax.Array:
+    """The consumers' cotangents added as JAX adds them (in their dtype)."""
+    return functools.reduce(jnp.add, gs)
+
+
+def _variants(with_gain: bool, stream: bool, interpret: bool,
+              cotangents: int = 1) -> dict[str, Callable[..., Any]]:
+    """label -> fn(x, R, gain, *G) -> (dx [+ R], d scale or None). With several cotangents
+    "stock" and "kernel" take their sum (XLA's add, fused into the stock backward, a pass
+    of its own before the kernel), "kernel, stream added in it" sums them as it reads."""
     from jaxnorm import dispatch
     from jaxnorm.backends import xla
 
@@ -104,29 +115,30 @@ def _variants(with_gain: bool, stream: bool, interpret: bool) -> dict[str, Calla
         dx, d_scale = grads
         return (dx + r if stream else dx), d_scale
 
-    def kernel(x, g, r, scale):
-        return plus_stream(dispatch.call("rms_norm_backward", impl, x, g,
+    def kernel(x, r, scale, *gs):
+        return plus_stream(dispatch.call("rms_norm_backward", impl, x, _summed(gs),
                                          scale if with_gain else None, eps=1e-6,
                                          scale_offset=0.0), r)
 
-    def kernel_add(x, g, r, scale):
-        return dispatch.call("rms_norm_backward", impl, x, g, scale if with_gain else None, r,
-                             eps=1e-6, scale_offset=0.0)
+    def kernel_add(x, r, scale, *gs):
+        return dispatch.call("rms_norm_backward", impl, x, gs if len(gs) > 1 else gs[0],
+                             scale if with_gain else None, r, eps=1e-6, scale_offset=0.0)
 
-    def stock(x, g, r, scale):
-        return plus_stream(xla.rms_norm_vjp(x, g, scale if with_gain else None, eps=1e-6,
-                                            scale_offset=0.0), r)
+    def stock(x, r, scale, *gs):
+        return plus_stream(xla.rms_norm_vjp(x, _summed(gs), scale if with_gain else None,
+                                            eps=1e-6, scale_offset=0.0), r)
 
     return {KERNEL: kernel, STOCK: stock, **({KERNEL_ADD: kernel_add} if stream else {})}
 
 
 def check(label: str, fn: Callable[..., Any], first: tuple[jax.Array, ...],
           with_gain: bool, stream: bool) -> dict[str, Any]:
-    """The variant's entry: its err/tol against the float64 VJP (plus R where the stream's
-    cotangent is part of the output), and whether it is right."""
+    """The variant's entry: its err/tol against the float64 VJP of the cotangents' exact sum
+    (plus R where the stream's cotangent is part of the output), and whether it is right."""
     from verify import checks
 
-    x, g, r, scale = (np.asarray(a) for a in first)
+    x, r, scale, *gs = (np.asarray(a) for a in first)
+    g = sum(gi.astype(np.float64) for gi in gs)
     entry: dict[str, Any] = dict(label=label)
     try:
         dx, d_scale = jax.jit(fn)(*first)
@@ -140,15 +152,17 @@ def check(label: str, fn: Callable[..., Any], first: tuple[jax.Array, ...],
 
 
 def measure_shape(m: int, k: int, with_gain: bool, stream: bool, *, repeats: int,
-                  interpret: bool) -> list[dict[str, Any]]:
-    key = jax.random.key(m * 31 + k)
-    first = _inputs(key, m, k)
+                  interpret: bool, cotangents: int = 1) -> list[dict[str, Any]]:
+    key = jax.random.key(m * 31 + k + 7919 * (cotangents - 1))
+    first = _inputs(key, m, k, cotangents)
     copies = 1 if interpret else timing.rotation_copies(sum(a.nbytes for a in first))
-    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k) for c in range(1, copies)]
-    fns = _variants(with_gain, stream, interpret)
+    arg_sets = [first] + [_inputs(jax.random.fold_in(key, c), m, k, cotangents)
+                          for c in range(1, copies)]
+    fns = _variants(with_gain, stream, interpret, cotangents)
     entries = [check(label, fn, first, with_gain, stream) for label, fn in fns.items()]
     decode_groups.time_interleaved(entries, fns, arg_sets, repeats=repeats,
-                                   weight_bytes=2 * m * k * 2, baselines=((STOCK, "vs_stock"),))
+                                   weight_bytes=(1 + cotangents) * m * k * 2,
+                                   baselines=((STOCK, "vs_stock"),))
     return entries
 
 
@@ -175,13 +189,13 @@ def measure_configs(m: int, k: int, stream: bool, *, repeats: int, interpret: bo
     configs = backward_kernel.backward_candidates(m, k, BF16, num_sms=num_sms, addend=stream)
 
     def run(config, sum_partials=True):
-        def fn(x, g, r, scale):
+        def fn(x, r, scale, g):
             return backward_kernel.rms_norm_backward(
                 x, g, scale, r if stream else None, eps=1e-6, scale_offset=0.0,
                 config=config, interpret=interpret, sum_partials=sum_partials)
         return fn
 
-    def stock(x, g, r, scale):
+    def stock(x, r, scale, g):
         dx, d_scale = xla.rms_norm_vjp(x, g, scale, eps=1e-6, scale_offset=0.0)
         return (dx + r if stream else dx), d_scale
 
@@ -277,6 +291,21 @@ def configs_source(docs: Sequence[dict[str, Any]], command: str, commit: str) ->
     return "\n".join(lines + [")", ""])
 
 
+def _rows_to_measure(args: argparse.Namespace) -> list[tuple[int, int, bool, bool, int]]:
+    """(M, K, with a gain, with the stream's cotangent, cotangents of the normed x) to time:
+    each shape with and without a gain; d_model rows (the stream's) with each of
+    `--cotangents`, a head's rows (QK-norm: one consumer) with one. --smoke covers both
+    forms at its one shape, with the stream's cotangent and every count where it has the
+    gain."""
+    rows = []
+    for m, k in args.shapes or (SMOKE_SHAPES if args.smoke else training_shapes()):
+        for with_gain in (True, False):
+            stream = with_gain if args.smoke else stream_rows(k)
+            for cotangents in args.cotangents if stream else [1]:
+                rows.append((m, k, with_gain, stream, cotangents))
+    return rows
+
+
 def stream_rows(k: int) -> bool:
     """Whether rows of K are a d_model norm's (the residual stream's) in some preset."""
     return any(shape.cfg.d_model == k for shape in SHAPES.values())
@@ -289,14 +318,14 @@ def table(rows: Sequence[dict[str, Any]]) -> report.TextTable:
         kernel, stock = by_label[KERNEL], by_label[STOCK]
         fused = by_label.get(KERNEL_ADD, {})
         lines.append(["x".join(map(str, row["shape"])), "yes" if row["gain"] else "folded",
-                      "+ R" if row.get("stream") else "",
+                      "+ R" if row.get("stream") else "", str(row.get("cotangents", 1)),
                       report.fmt(kernel.get("us")), report.fmt(stock.get("us")),
                       report.fmt(kernel.get("vs_stock"), 3), report.fmt(fused.get("vs_stock"), 3),
                       report.fmt(kernel.get("tb_s"), 2), report.fmt(kernel.get("err_tol"), 3)])
     return report.TextTable(
         "RMSNorm backward, bf16 (CUPTI us; TB/s of x and G read)",
-        ["M x K", "gain", "stream", "kernel us", "stock us", "kernel / stock",
-         "stream added in it / stock", "kernel TB/s", "kernel err/tol"], lines, left_columns=3)
+        ["M x K", "gain", "stream", "G", "kernel us", "stock us", "kernel / stock",
+         "stream added in it / stock", "kernel TB/s", "kernel err/tol"], lines, left_columns=4)
 
 
 def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> str:
@@ -307,18 +336,26 @@ def table_source(docs: Sequence[dict[str, Any]], command: str, commit: str) -> s
     for doc in gpu:
         for row in doc["rows"]:
             by_label = {e["label"]: e for e in row["variants"]}
+            cotangents = row.get("cotangents", 1)  # runs before 2026-12-07 took one
             for label, added in ((KERNEL, False), (KERNEL_ADD, True)):
+                if cotangents > 1 and not added:
+                    continue  # the op sums its cotangents in the kernel or not at all
                 if "vs_stock" in by_label.get(label, {}):
                     saved = by_label[STOCK]["us"] - by_label[label]["us"]
-                    entries[(tuple(row["shape"]), row["gain"], added)] = (
+                    entries[(tuple(row["shape"]), row["gain"], added, cotangents)] = (
                         by_label[label]["vs_stock"], saved)
     lines = module_header(norm_backward_measured.__doc__,
                           "The run: command, UTC date, GPU, its SM count, commit.", provenance)
-    lines += ["# ((M, K), dtype name, with a gain, with the stream's cotangent added in it,",
-              "#  kernel / stock autodiff of the norm's backward, microseconds saved a launch).",
-              "ENTRIES: tuple[tuple[tuple[int, int], str, bool, bool, float, float], ...] = ("]
-    lines += [f"    ({shape!r}, 'bfloat16', {gain!r}, {added!r}, {ratio:.3f}, {saved:.1f}),"
-              for (shape, gain, added), (ratio, saved) in entries.items()]
+    lines += ["# ((M, K), dtype name, with a gain, with the stream's cotangent added in it, "
+              "cotangents of",
+              "#  the normed x summed in it, kernel / stock autodiff of the norm's backward, "
+              "microseconds",
+              "#  saved a launch).",
+              "ENTRIES: tuple[tuple[tuple[int, int], str, bool, bool, int, float, float], ...] "
+              "= ("]
+    lines += [f"    ({shape!r}, 'bfloat16', {gain!r}, {added!r}, {count}, {ratio:.3f}, "
+              f"{saved:.1f}),"
+              for (shape, gain, added, count), (ratio, saved) in entries.items()]
     return "\n".join(lines + [")", ""])
 
 
@@ -331,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", action="store_true",
                         help="time every candidate config of the kernel against stock")
     parser.add_argument("--shapes", type=lambda s: parse_dims(s, 2),
-                        default=None, help="MxK,... (with --configs; default: the presets')")
+                        default=None, help="MxK,... (default: the presets')")
+    parser.add_argument("--cotangents", type=lambda s: [int(c) for c in s.split(",")],
+                        default=[1, 2, 3],
+                        help="cotangents of the normed x summed in the kernel, at d_model "
+                             "rows (1: one consumer; 2: gate and up; 3: q, k and v)")
     decode_table_writer.add_table_arguments(
         parser, "jaxnorm/backends/norm_backward_measured.py", TABLE_COMMAND)
     parser.add_argument("--write-configs", metavar="CONFIGS_JSON", type=Path, nargs="+",
@@ -346,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_table:
         print(decode_table_writer.write_source(table_source, args.write_table, TABLE_PATH,
-                                               command=args.run_command,
+                                               command=args.run_command.strip(),
                                                commit=args.run_commit))
         return 0
     if args.smoke:
@@ -358,22 +399,19 @@ def main(argv: list[str] | None = None) -> int:
         return run_configs(args, start, sms)
     payload: dict[str, Any] = dict(environment=report.environment(), smoke=args.smoke, sms=sms,
                                    budget_s=args.budget_s, rows=[], skipped=[])
-    for m, k in SMOKE_SHAPES if args.smoke else training_shapes():
-        for with_gain in (True, False):
-            if time.monotonic() - start > args.budget_s:
-                payload["skipped"].append([m, k, with_gain])
-                continue
-            # --smoke covers both forms: with the stream's cotangent where it has the gain.
-            stream = with_gain if args.smoke else stream_rows(k)
-            entries = measure_shape(m, k, with_gain, stream, repeats=1 if args.smoke else 10,
-                                    interpret=args.smoke)
-            payload["rows"].append(dict(shape=[m, k], gain=with_gain, stream=stream,
-                                        variants=entries))
-            payload["elapsed_s"] = time.monotonic() - start
-            report.write_json(args.out / "norm-backward.json", payload)
-            print(f"{m}x{k} gain={with_gain}: " + ", ".join(
-                f"{e['label']} {e.get('us', e.get('failure', 'not timed'))}" for e in entries),
-                flush=True)
+    for m, k, with_gain, stream, cotangents in _rows_to_measure(args):
+        if time.monotonic() - start > args.budget_s:
+            payload["skipped"].append([m, k, with_gain, cotangents])
+            continue
+        entries = measure_shape(m, k, with_gain, stream, repeats=1 if args.smoke else 10,
+                                interpret=args.smoke, cotangents=cotangents)
+        payload["rows"].append(dict(shape=[m, k], gain=with_gain, stream=stream,
+                                    cotangents=cotangents, variants=entries))
+        payload["elapsed_s"] = time.monotonic() - start
+        report.write_json(args.out / "norm-backward.json", payload)
+        print(f"{m}x{k} gain={with_gain} cotangents={cotangents}: " + ", ".join(
+            f"{e['label']} {e.get('us', e.get('failure', 'not timed'))}" for e in entries),
+            flush=True)
     skipped = ", ".join("x".join(map(str, s[:2])) for s in payload["skipped"]) or "none"
     report.write_markdown(args.out / "norm-backward.md", "RMSNorm backward",
                           [f"`python -m bench.norm_backward` ({time.monotonic() - start:.0f} s;"

@@ -197,16 +197,18 @@ def automatic_scope(automatic: bool) -> Iterator[None]:
 
 
 def norm_backward_kernel(x: Any, scale: Any, *, eps: float, scale_offset: float,
-                         addend: bool = False) -> bool:
+                         addend: bool = False, cotangents: int = 1) -> bool:
     """Whether RMSNorm's backward kernel differentiates the xla formulation's norm of x being
     traced: inside a public op called with impl=None (`automatic_scope`), where automatic
     dispatch takes "rms_norm_backward" for x's rows. Decided without recording (inference
     makes the same trace); a training step's backward records it when it runs the kernel.
     Elsewhere the norm stays the stock graph, forward-mode autodiff included. `addend`: the
-    kernel would also add x's other cotangent (the residual stream's) to dx."""
+    kernel would also add x's other cotangent (the residual stream's) to dx; `cotangents`:
+    it would sum that many cotangents of the normed x (one per consumer of it)."""
     if not _AUTOMATIC.get():
         return False
-    args = (x, x, scale, x) if addend else (x, x, scale)
+    g = x if cotangents == 1 else (x,) * cotangents
+    args = (x, g, scale, x) if addend else (x, g, scale)
     return decide("rms_norm_backward", *args, eps=eps, scale_offset=scale_offset)[0] != "xla"
 
 

@@ -16,7 +16,10 @@ writes dx over its copy of G in place and copies it out, and keeps the gain's
 column sum running in shared memory, one float32 row per row of the block, each
 element only ever touched by the thread that owns it (no synchronization per
 step); at the end the block's rows fold into one partial per CTA ([CTAs, K], a
-few per SM, which XLA sums).
+few per SM, which XLA sums). G may come as the cotangents of y's n consumers (q, k and v;
+gate and up: `BackwardConfig.cotangents`), n tiles summed in float32 as they load, so
+no pass before the kernel forms their sum (docs/backward.md, "One cotangent per
+consumer"); dx then overwrites the first one's tile.
 
 Rows must fit one CTA (no cluster split): the K of every model preset does.
 """
@@ -64,12 +67,17 @@ class BackwardConfig:
     rows: RowNormConfig
     steps: int = 1
     addend: bool = False  # a third [M, K] input added to dx (the residual stream's cotangent)
+    # G as this many [M, K] inputs summed in float32: y's cotangents from its consumers (the
+    # gate and up GEMMs of a gated MLP), which XLA would otherwise add in a pass of its own.
+    cotangents: int = 1
 
     def __post_init__(self) -> None:
         if self.rows.cluster_k != 1:
             raise ValueError("the backward kernel stages whole rows: cluster_k must be 1")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if self.cotangents < 1:
+            raise ValueError(f"cotangents must be >= 1; got {self.cotangents}")
 
     def ctas(self, m: int) -> int:
         """The grid over m rows: one CTA per `steps` blocks of `block_m` rows."""
@@ -77,7 +85,8 @@ class BackwardConfig:
 
     def smem_bytes(self, k: int, dtype: jnp.dtype) -> int:
         buffers = 2 if self.steps > 1 else 1
-        tiles = (2 + self.addend) * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
+        inputs = 1 + self.cotangents + self.addend
+        tiles = inputs * buffers * self.rows.block_m * k * jnp.dtype(dtype).itemsize
         column_partials = self.rows.block_m * 4 * k  # per row of the block, folded into row 0
         return tiles + 4 * k + column_partials + _REDUCTION_SCRATCH_BYTES
 
@@ -96,7 +105,7 @@ def _rows(m: int, k: int, dtype: jnp.dtype, block_m: int) -> RowNormConfig | Non
 
 
 def _with_grid(m: int, k: int, dtype: jnp.dtype, block_m: int, ctas: int,
-               addend: bool) -> BackwardConfig | None:
+               addend: bool, cotangents: int = 1) -> BackwardConfig | None:
     """`block_m`-row blocks, each CTA taking the fewest in turn that bring the grid to at
     most `ctas` CTAs; None where the blocks do not split M or their tiles do not fit."""
     rows = _rows(m, k, dtype, block_m) if m % block_m == 0 else None
@@ -104,12 +113,12 @@ def _with_grid(m: int, k: int, dtype: jnp.dtype, block_m: int, ctas: int,
         return None
     blocks = m // block_m
     steps = next(s for s in range(1, blocks + 1) if blocks % s == 0 and blocks // s <= ctas)
-    config = BackwardConfig(rows, steps, addend)
+    config = BackwardConfig(rows, steps, addend, cotangents)
     return config if config.smem_bytes(k, dtype) <= _MAX_SMEM_BYTES else None
 
 
 def _measured_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
-                     addend: bool) -> BackwardConfig | None:
+                     addend: bool, cotangents: int = 1) -> BackwardConfig | None:
     """The config measured fastest at the nearest shape of the same K and dtype, M within a
     factor of 2, on a GPU of this SM count (pallas_kernels/rms_norm_backward_configs.py):
     its rows per block and its CTA count."""
@@ -122,20 +131,23 @@ def _measured_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
     if not near:
         return None
     _, block_m, ctas = min(near)
-    return _with_grid(m, k, dtype, block_m, ctas, addend)
+    return _with_grid(m, k, dtype, block_m, ctas, addend, cotangents)
 
 
 def select_backward_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
-                           addend: bool = False) -> BackwardConfig:
+                           addend: bool = False, cotangents: int = 1) -> BackwardConfig:
     """The measured pick near (m, k) (`_measured_config`), else the one-wave heuristic
     (`_one_wave_config`); Unsupported where a row does not split or a block of x and G does
-    not fit shared memory."""
-    measured = _measured_config(m, k, dtype, num_sms=num_sms, addend=addend)
-    return measured or _one_wave_config(m, k, dtype, num_sms=num_sms, addend=addend)
+    not fit shared memory. `cotangents`: G's inputs (`BackwardConfig.cotangents`); a measured
+    pick whose tiles no longer fit with them gives way to the heuristic."""
+    measured = _measured_config(m, k, dtype, num_sms=num_sms, addend=addend,
+                                cotangents=cotangents)
+    return measured or _one_wave_config(m, k, dtype, num_sms=num_sms, addend=addend,
+                                        cotangents=cotangents)
 
 
 def _one_wave_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
-                     addend: bool) -> BackwardConfig:
+                     addend: bool, cotangents: int = 1) -> BackwardConfig:
     """The forward row norm's rows per CTA (whole rows), with vectors of at most 4 elements,
     and the fewest row blocks per CTA that make the grid one wave; Unsupported where a row
     does not split or a block of x and G does not fit shared memory."""
@@ -147,9 +159,9 @@ def _one_wave_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
         make_config(m, k, dtype, block_m=block_m, cluster_k=1,
                     vector_bytes=widths[-1])  # raises Unsupported with the reason
     blocks = m // block_m
-    config = BackwardConfig(rows, 1, addend)
+    config = BackwardConfig(rows, 1, addend, cotangents)
     for steps in (s for s in range(1, blocks + 1) if blocks % s == 0):
-        candidate = BackwardConfig(rows, steps, addend)
+        candidate = BackwardConfig(rows, steps, addend, cotangents)
         smem = candidate.smem_bytes(k, dtype)
         resident = min(_MAX_CTAS_PER_SM, _SMEM_PER_SM_BYTES // smem) if smem <= _MAX_SMEM_BYTES else 0
         if blocks // steps <= resident * num_sms:  # one wave: every CTA resident at once
@@ -164,16 +176,17 @@ def _one_wave_config(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
 
 
 def backward_candidates(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
-                        addend: bool = False) -> list[BackwardConfig]:
+                        addend: bool = False, cotangents: int = 1) -> list[BackwardConfig]:
     """The configs a tuning sweep times at (m, k) (bench/norm_backward.py --configs): blocks
     of 1-16 whole rows, each with the fewest row blocks per CTA that bring the grid down to
     8, 4, 2 and 1 CTAs per SM, the ones whose tiles fit shared memory; the selected config
     first. Fewer CTAs write fewer column partials for XLA to sum, more hide the copy's
     latency behind other CTAs' work."""
-    candidates = [select_backward_config(m, k, dtype, num_sms=num_sms, addend=addend)]
+    candidates = [select_backward_config(m, k, dtype, num_sms=num_sms, addend=addend,
+                                         cotangents=cotangents)]
     for block_m in (1, 2, 4, 8, 16):
         for per_sm in (8, 4, 2, 1):
-            config = _with_grid(m, k, dtype, block_m, per_sm * num_sms, addend)
+            config = _with_grid(m, k, dtype, block_m, per_sm * num_sms, addend, cotangents)
             if config is not None and config not in candidates:
                 candidates.append(config)
     return candidates
@@ -182,12 +195,14 @@ def backward_candidates(m: int, k: int, dtype: jnp.dtype, *, num_sms: int,
 def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
             config: BackwardConfig):
     refs = list(refs)
-    x_gmem, g_gmem = refs.pop(0), refs.pop(0)
+    x_gmem = refs.pop(0)
+    g_gmems = [refs.pop(0) for _ in range(config.cotangents)]
     addend_gmem = refs.pop(0) if config.addend else None
     scale_gmem = refs.pop(0) if has_scale else None
     dx_gmem = refs.pop(0)
     colsum_gmem = refs.pop(0) if has_scale else None
     x_smem, g_smem, addend_smem, scale_smem, row_partials, loaded, vec_loaded = refs
+    # g_smem holds each cotangent's tiles; dx is written over the first one's.
     rows, steps = config.rows, config.steps
     bm, chunk = rows.block_m, rows.chunk_k
     num_chunks = k // chunk
@@ -201,9 +216,11 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
         return pl.ds((cta + step * num_ctas) * bm, bm)
 
     def fetch(step, slot) -> None:
-        pairs = ((x_gmem, x_smem), (g_gmem, g_smem), (addend_gmem, addend_smem))
-        for src, dst in pairs[:2 + config.addend]:
-            plgpu.copy_gmem_to_smem(src.at[block_rows(step)], dst.at[slot], loaded.at[slot],
+        pairs = [(x_gmem, x_smem.at[slot])]
+        pairs += [(g, g_smem.at[i, slot]) for i, g in enumerate(g_gmems)]
+        pairs += [(addend_gmem, addend_smem.at[slot])] if config.addend else []
+        for src, dst in pairs:
+            plgpu.copy_gmem_to_smem(src.at[block_rows(step)], dst, loaded.at[slot],
                                     oob_mode=in_bounds)
 
     fetch(0, 0)
@@ -240,18 +257,24 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 fetch(step + 1, 1 - slot)
 
-        x_tile, g_tile = x_smem.at[slot], g_smem.at[slot]
+        x_tile, g_tile = x_smem.at[slot], g_smem.at[0, slot]
 
         def load(ref, c) -> jax.Array:
             return plgpu.load(ref.at[:, pl.ds(c * chunk, chunk)],
                               layout=layout).astype(jnp.float32)
+
+        def load_g(c) -> jax.Array:  # G: the cotangents' sum, in float32
+            g = load(g_tile, c)
+            for i in range(1, config.cotangents):
+                g = g + load(g_smem.at[i, slot], c)
+            return g
 
         plgpu.barrier_wait(loaded.at[slot])
 
         # Both row sums in one pass: sum(x^2) and sum(G gamma x), accumulated
         # elementwise and reduced once (one shuffle tree per row, not per chunk).
         def accumulate(c, acc):
-            x, g = load(x_tile, c), load(g_tile, c)
+            x, g = load(x_tile, c), load_g(c)
             return acc[0] + x * x, acc[1] + g * gain(c) * x
 
         zero = plgpu.layout_cast(jnp.zeros((bm, chunk), jnp.float32), layout)
@@ -261,7 +284,7 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
 
         @pl.loop(0, num_chunks)
         def _dx(c):
-            x, g = load(x_tile, c), load(g_tile, c)
+            x, g = load(x_tile, c), load_g(c)
             span = pl.ds(c * chunk, chunk)
             if has_scale:
                 # Each thread adds to the elements it owns, the same ones every step.
@@ -292,7 +315,7 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
 
 def rms_norm_backward(
     x: jax.Array,
-    g: jax.Array,
+    g: jax.Array | tuple[jax.Array, ...],
     scale: jax.Array | None,
     addend: jax.Array | None = None,
     *,
@@ -303,17 +326,21 @@ def rms_norm_backward(
     sum_partials: bool = True,
 ) -> tuple[jax.Array, jax.Array | None]:
     """(dx in x.dtype, d scale in float32 or None) of y = RMSNorm(x) (scale + offset) for the
-    cotangent g of y, with `addend` (x's other cotangent, as the config says) added to dx
-    before its rounding; x, g and addend are [M, K] of one dtype, M whole row blocks. With
-    `sum_partials=False`, d scale is the kernel's [CTAs, K] column partials, unsummed (to
-    time the kernel without XLA's sum)."""
+    cotangent g of y (or a tuple of y's cotangents from its consumers, summed in float32, as
+    many as `config.cotangents`), with `addend` (x's other cotangent, as the config says)
+    added to dx before its rounding; x, g and addend are [M, K] of one dtype, M whole row
+    blocks. With `sum_partials=False`, d scale is the kernel's [CTAs, K] column partials,
+    unsummed (to time the kernel without XLA's sum)."""
+    gs = tuple(g) if isinstance(g, (tuple, list)) else (g,)
     if x.ndim != 2 or any(a is not None and (a.shape, a.dtype) != (x.shape, x.dtype)
-                          for a in (g, addend)):
+                          for a in (*gs, addend)):
         raise ValueError(f"x, g (and addend) must be [M, K] of one dtype; got "
-                         f"{[(a.shape, a.dtype) for a in (x, g, addend) if a is not None]}")
+                         f"{[(a.shape, a.dtype) for a in (x, *gs, addend) if a is not None]}")
     if config.addend != (addend is not None):
         raise ValueError(f"config.addend={config.addend} but addend is "
                          f"{'given' if addend is not None else 'None'}")
+    if config.cotangents != len(gs):
+        raise ValueError(f"config.cotangents={config.cotangents} but {len(gs)} given")
     m, k = x.shape
     bm = config.rows.block_m
     if m % bm or k % config.rows.chunk_k:
@@ -329,11 +356,11 @@ def rms_norm_backward(
     buffers = 2 if config.steps > 1 else 1
     scratch = (
         plgpu.SMEM((buffers, bm, k), x.dtype),
-        plgpu.SMEM((buffers, bm, k), x.dtype),
+        plgpu.SMEM((len(gs), buffers, bm, k), x.dtype),
         plgpu.SMEM((buffers, bm, k), x.dtype) if config.addend else None,
         plgpu.SMEM((k,), scale.dtype) if has_scale else None,
         plgpu.SMEM((bm, k), jnp.float32) if has_scale else None,
-        plgpu.Barrier(num_arrivals=2 + config.addend, num_barriers=buffers),
+        plgpu.Barrier(num_arrivals=1 + len(gs) + config.addend, num_barriers=buffers),
         plgpu.Barrier(num_arrivals=1) if has_scale else None,
     )
     body = functools.partial(_kernel, has_scale=has_scale, eps=float(eps),
@@ -349,7 +376,7 @@ def rms_norm_backward(
             reduction_scratch_bytes=_REDUCTION_SCRATCH_BYTES),
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
     )
-    args = [a for a in (x, g, addend, scale) if a is not None]
+    args = [a for a in (x, *gs, addend, scale) if a is not None]
     if not has_scale:
         return call(*args)[0], None
     dx, colsum = call(*args)

@@ -40,6 +40,8 @@
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward-configs norm-backward  # its configs
 #     swept at every preset training shape, then its dispatch table timed with them
 #   RUN_COMMIT=abc1234 bash scripts/h200.sh norm-backward         # the backward kernel, its table
+#   BACKWARD_ARGS="--cotangents 2,3" BACKWARD_PRIOR=prior.json BACKWARD_LIMIT=300 RUN_COMMIT=abc1234 \
+#     bash scripts/h200.sh norm-backward   # each consumer's cotangent summed in the kernel, merged
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
 #     # the GEMM table re-measured with a wgmma step in flight, then its kernels checked and timed
@@ -126,10 +128,12 @@ for name in "$@"; do
         "$WORK/norm_backward_configs/norm-backward-configs.json" --run-commit "${RUN_COMMIT:-unknown}"
       cp pallas_kernels/rms_norm_backward_configs.py "$WORK/" ;;
     norm-backward)  # RMSNorm's backward kernel vs JAX's autodiff of the norm, then its table
+                    # (over BACKWARD_PRIOR's runs; BACKWARD_ARGS="--cotangents 2,3": those only)
       stage norm_backward "${BACKWARD_LIMIT:-150}" python3 -m bench.norm_backward \
-        --budget-s $(( ${BACKWARD_LIMIT:-150} - 30 )) --out "$WORK/norm_backward"
-      stage backward_table 30 python3 -m bench.norm_backward --write-table \
-        "$WORK/norm_backward/norm-backward.json" --run-commit "${RUN_COMMIT:-unknown}"
+        --budget-s $(( ${BACKWARD_LIMIT:-150} - 30 )) --out "$WORK/norm_backward" ${BACKWARD_ARGS:-}
+      stage backward_table 30 python3 -m bench.norm_backward --write-table ${BACKWARD_PRIOR:-} \
+        "$WORK/norm_backward/norm-backward.json" --run-commit "${RUN_COMMIT:-unknown}" \
+        --run-command "python -m bench.norm_backward ${BACKWARD_ARGS:-}"
       cp jaxnorm/backends/norm_backward_measured.py "$WORK/" ;;
     gemm-table)  # issue 17: each preset shape's table config against one wgmma step in flight
       stage gemm_sweep "${SWEEP_LIMIT:-260}" python3 -m bench.gemm_sweep --around-table \

@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One pre-norm GEMM op, one standalone norm, one post-norm op with a residual, one with its
 # output's statistics (and one at decode rows, through the decode GEMM), one decode gated shape,
 # the kernel-level transport and GEMM-variant checks (the gain in the mainloop among them),
-# RMSNorm's backward kernel (gain, alone and with the stream's cotangent), and the decode
+# RMSNorm's backward kernel (gain, alone, with the stream's cotangent, and with two and three
+# consumers' cotangents summed in it), and the decode
 # GEMM and gated kernel summing their K splits in a cluster.
 ONLY = ["rms_norm 4x2048", "dense_rms_norm 64x64x256", "row_norm rms",
         "post_norm rms 128x64x512", "lazy GEMM: row statistics",
@@ -39,10 +40,12 @@ def test_smoke_mode_passes_and_reports(tmp_path):
         assert any(c == check and s == "pass" for (c, _), s in statuses.items()), check
     assert all(s in ("pass", "skip") for s in statuses.values()), statuses
     assert all(any(w in f"{c} {case}" for w in ONLY) for c, case in statuses)
-    # Ten op cases (with the decode ones, the backward kernel alone and with the stream's
-    # cotangent added in it, and the cluster sums), three checks each; four kernel cases.
-    assert len(rows) == 10 * 3 + 4, sorted(statuses)
+    # Twelve op cases (with the decode ones, the backward kernel alone, with the stream's
+    # cotangent added in it and with two and three cotangents, and the cluster sums), three
+    # checks each; four kernel cases.
+    assert len(rows) == 12 * 3 + 4, sorted(statuses)
     assert statuses["correct", "rms_norm_backward 8x512 gain + stream"] == "pass"
+    assert statuses["correct", "rms_norm_backward 8x512 gain + stream, 3 cotangents"] == "pass"
 
 
 def test_a_filter_that_matches_nothing_is_an_error(tmp_path):

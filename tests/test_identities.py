@@ -242,6 +242,15 @@ def test_rms_backward_one_pass(shape, seed, block_m):
     assert err < FLOAT64_LEVEL * k * 10
 
 
+@given(shapes, seeds, st.integers(1, 4), st.integers(2, 3))
+def test_rms_backward_of_copies(shape, seed, block_m, consumers):
+    m, k, _ = shape
+    dys = [_draw(seed + 2 + i, m, k) for i in range(consumers)]
+    err = identities.rms_backward_of_copies(_draw(seed, m, k), _draw(seed + 1, k), dys, 1e-6,
+                                            block_m)
+    assert err < FLOAT64_LEVEL * k * 10 * consumers
+
+
 def test_anchor_rms_backward_one_pass():
     """x = [3, 4], g = 1, dy = [1, 0], eps = 0: r = 1/sqrt(12.5), rowsum(dy x) = 3, so
     dx = r ([1, 0] - (3 / 25) [3, 4]) = r [0.64, -0.48] = [0.18102, -0.13576]."""

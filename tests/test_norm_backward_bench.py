@@ -11,14 +11,15 @@ from bench import norm_backward
 def test_smoke_run_checks_both_variants(tmp_path):
     assert norm_backward.main(["--smoke", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "norm-backward.json").read_text())
-    assert [(row["gain"], row["stream"]) for row in doc["rows"]] == [(True, True), (False, False)]
+    assert [(row["gain"], row["stream"], row["cotangents"]) for row in doc["rows"]] == [
+        (True, True, 1), (True, True, 2), (True, True, 3), (False, False, 1)]
     for row in doc["rows"]:
         labels = [e["label"] for e in row["variants"]]
         assert labels == ["kernel", "stock"] + (["kernel, stream added in it"]
                                                 if row["stream"] else [])
         for entry in row["variants"]:
             assert entry["correct"] and entry["err_tol"] <= 1.0, entry
-    assert (tmp_path / "norm-backward.md").read_text().count("16x256") == 2
+    assert (tmp_path / "norm-backward.md").read_text().count("16x256") == 4
 
 
 def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
@@ -36,19 +37,21 @@ def test_table_takes_gpu_runs_only_and_keeps_their_ratios(tmp_path):
     spec = importlib.util.spec_from_file_location("table", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    by = {(row["gain"], e["label"]): e for row in gpu["rows"] for e in row["variants"]}
+    by = {(row["gain"], row["cotangents"], e["label"]): e
+          for row in gpu["rows"] for e in row["variants"]}
 
-    def entry(gain: bool, label: str) -> tuple:
-        ratio = round(by[gain, label]["vs_stock"], 3)
-        return ((16, 256), "bfloat16", gain, label != "kernel", ratio,
-                by[gain, "stock"]["us"] - by[gain, label]["us"])
+    def entry(gain: bool, label: str, cotangents: int = 1) -> tuple:
+        ratio = round(by[gain, cotangents, label]["vs_stock"], 3)
+        return ((16, 256), "bfloat16", gain, label != "kernel", cotangents, ratio,
+                by[gain, cotangents, "stock"]["us"] - by[gain, cotangents, label]["us"])
 
-    assert [e[:5] for e in table.ENTRIES] == [e[:5] for e in (
-        entry(True, "kernel"), entry(True, norm_backward.KERNEL_ADD),  # the smoke's stream row
-        entry(False, "kernel"))]
-    assert [e[5] for e in table.ENTRIES] == pytest.approx(
-        [entry(True, "kernel")[5], entry(True, norm_backward.KERNEL_ADD)[5],
-         entry(False, "kernel")[5]], abs=0.051)
+    # The smoke's stream rows: one cotangent both ways; two and three summed in the kernel
+    # only (the op never sums them in a pass of its own before it).
+    expected = [entry(True, "kernel"), entry(True, norm_backward.KERNEL_ADD),
+                entry(True, norm_backward.KERNEL_ADD, 2),
+                entry(True, norm_backward.KERNEL_ADD, 3), entry(False, "kernel")]
+    assert [e[:6] for e in table.ENTRIES] == [e[:6] for e in expected]
+    assert [e[6] for e in table.ENTRIES] == pytest.approx([e[6] for e in expected], abs=0.051)
     assert table.PROVENANCE["sms"] == 132 and table.PROVENANCE["commit"] == "abc"
 
 

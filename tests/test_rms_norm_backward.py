@@ -169,7 +169,8 @@ def test_automatic_training_step_takes_a_measured_kernel(monkeypatch, op):
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", ())
     before = launches(None)
     monkeypatch.setattr(norm_backward_measured, "ENTRIES", (
-        ((m, k), "bfloat16", True, False, 0.8, 10.0), ((m, n), "bfloat16", True, False, 0.8, 10.0)))
+        ((m, k), "bfloat16", True, False, 1, 0.8, 10.0),
+        ((m, n), "bfloat16", True, False, 1, 0.8, 10.0)))
     with dispatch.recorded_choices() as made:
         assert launches(None) == before + 1
     assert made[OP] == [("mosaic", None)]  # recorded by the backward that runs it
@@ -285,6 +286,53 @@ def test_addend_is_added_to_dx(rng, m, k, with_gain):
     assert_race_free()
 
 
+@pytest.mark.parametrize("m, k, with_gain, cotangents, stream", [
+    (16, 512, True, 2, True), (6, 320, False, 3, True), (8, 256, True, 2, False)])
+def test_consumers_cotangents_are_summed_in_the_kernel(rng, m, k, with_gain, cotangents,
+                                                        stream):
+    """G as one cotangent per consumer of the normed x (gate and up; q, k and v), summed in
+    float32 as the kernel reads them: judged against the float64 VJP of their exact sum."""
+    x, r = (rng.standard_normal((m, k)).astype(BF16) for _ in range(2))
+    gs = [rng.standard_normal((m, k)).astype(BF16) for _ in range(cotangents)]
+    scale = rng.standard_normal(k).astype(F32) if with_gain else None
+    dx, d_scale = dispatch.call(OP, "interpret", jnp.asarray(x), tuple(map(jnp.asarray, gs)),
+                                None if scale is None else jnp.asarray(scale),
+                                *([jnp.asarray(r)] if stream else []), eps=1e-6,
+                                scale_offset=0.0)
+    g = sum(gi.astype(np.float64) for gi in gs)
+    assert check_rms_norm_backward(dx, d_scale, x=x, g=g, scale=scale, eps=1e-6,
+                                   stream=r if stream else None) <= 1.0
+    assert_race_free()
+
+
+def test_config_and_cotangents_given_must_agree():
+    config = rb.select_backward_config(16, 512, jnp.bfloat16, num_sms=2, cotangents=2)
+    assert config.cotangents == 2
+    x = jnp.ones((16, 512), jnp.bfloat16)
+    with pytest.raises(ValueError, match="config.cotangents=2 but 3 given"):
+        rb.rms_norm_backward(x, (x, x, x), None, eps=1e-6, scale_offset=0.0, config=config,
+                             interpret=True)
+    with pytest.raises(ValueError, match="cotangents must be >= 1"):
+        rb.BackwardConfig(config.rows, cotangents=0)
+
+
+@pytest.mark.parametrize("m, k, cotangents", [(4096, 2048, 2), (4096, 2048, 3),
+                                              (2048, 1152, 3), (4096, 4096, 3)])
+def test_cotangents_lower_at_a_training_shape(m, k, cotangents):
+    """The attention input's three cotangents and the MLP input's two, with the stream's,
+    at the presets' d_model rows: one launch, its tiles within shared memory."""
+    S = jax.ShapeDtypeStruct
+    config = rb.select_backward_config(m, k, jnp.bfloat16, num_sms=hardware.H200_SMS,
+                                       addend=True, cotangents=cotangents)
+    assert config.smem_bytes(k, jnp.bfloat16) <= rb._MAX_SMEM_BYTES
+    fn = functools.partial(rb.rms_norm_backward, eps=1e-6, scale_offset=0.0, config=config)
+    a = S((m, k), jnp.bfloat16)
+    with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
+        lowered = jax.jit(fn).trace(a, (a,) * cotangents, S((k,), jnp.float32), a).lower(
+            lowering_platforms=("cuda",))
+    assert lowered.as_text().count("custom_call @mosaic_gpu_v2(") == 1
+
+
 def test_addend_lowers_at_a_training_shape():
     S = jax.ShapeDtypeStruct
     config = rb.select_backward_config(4096, 2048, jnp.bfloat16, num_sms=hardware.H200_SMS,
@@ -307,7 +355,7 @@ def test_a_launch_saving_too_little_is_declined(monkeypatch):
     monkeypatch.setattr(norm_backward_measured, "PROVENANCE", {"sms": hardware.H200_SMS})
     for saved, taken in ((4.6, False), (mosaic_norm_backward.MIN_SAVED_US, True)):
         monkeypatch.setattr(norm_backward_measured, "ENTRIES",
-                            (((2048, 1152), "bfloat16", True, False, 0.77, saved),))
+                            (((2048, 1152), "bfloat16", True, False, 1, 0.77, saved),))
         with jax.sharding.use_abstract_mesh(hardware.h200_mesh()):
             impl, reason = dispatch.decide(OP, x, x, scale, eps=1e-6, scale_offset=0.0)
         assert (impl == "mosaic") == taken, reason

@@ -110,6 +110,8 @@ def _identity_rows(examples: int, seed_value: int) -> list[Row]:
             arrays(r, 5, 16), arrays(r, 6, 16), arrays(r, 16), arrays(r, 16), 1e-6)),
         run("RMSNorm backward in one pass", lambda r: identities.rms_backward_one_pass(
             arrays(r, 6, 24), arrays(r, 24), arrays(r, 6, 24), 1e-6, 4)),
+        run("RMSNorm backward of its copies", lambda r: identities.rms_backward_of_copies(
+            arrays(r, 6, 24), arrays(r, 24), [arrays(r, 6, 24) for _ in range(3)], 1e-6, 4)),
         run("RoPE keeps the row scale", lambda r: identities.rope_norm(
             arrays(r, 5, 16), r.uniform(0.0, 4096.0, 5), arrays(r, 16), 1e-6)),
         run("RoPE keeps head norms", lambda r: rope.rope_keeps_head_norms(

@@ -256,3 +256,31 @@ def rms_backward_one_pass(x: np.ndarray, g: np.ndarray, dy: np.ndarray, eps: flo
 
     return max(err(dx, expected["x"], np.abs(r * d_star)),
                err(dg, expected["scale"], np.sum(np.abs(dy * x * r), axis=0)))
+
+
+def rms_backward_of_copies(x: np.ndarray, g: np.ndarray, dys: list[np.ndarray], eps: float,
+                           block_m: int) -> float:
+    """10. The backward of RMSNorm(X; g) handed to n consumers (q, k and v; gate and up)
+    given each one's cotangent dY_i: the one-pass kernel form (9) with dY = sum_i dY_i,
+    summed elementwise as it loads its tiles, against the float64 VJPs of the consumers one
+    by one, summed: dX = sum_i VJP_X(dY_i), dg = sum_i VJP_g(dY_i) (the VJP is linear in
+    dY, so the kernel may take the consumers' cotangents rather than their sum)."""
+    from verify import gradients
+
+    each = [gradients.norm_vjp("rms", x, g, None, dy, eps=eps) for dy in dys]
+    summed = sum(dys)
+    k = x.shape[-1]
+    r = ref.rms_inverse(x, eps)
+    d_star = summed * g
+    dx = r * (d_star - (r * r * np.sum(d_star * x, axis=-1, keepdims=True) / k) * x)
+    dg = sum(np.sum(summed[b:b + block_m] * x[b:b + block_m] * r[b:b + block_m], axis=0)
+             for b in range(0, x.shape[0], block_m))
+
+    def err(got: np.ndarray, want: np.ndarray, terms: np.ndarray) -> float:
+        scale = max(float(np.max(terms)), float(np.max(np.abs(want))), 1e-300)
+        return float(np.max(np.abs(got - want))) / scale
+
+    terms = sum(np.abs(r * dy * g) for dy in dys)
+    return max(err(dx, sum(e["x"] for e in each), terms),
+               err(dg, sum(e["scale"] for e in each),
+                   sum(np.sum(np.abs(dy * x * r), axis=0) for dy in dys)))

@@ -1,7 +1,8 @@
 """Mosaic GPU backend of RMSNorm's backward (`pallas_kernels.rms_norm_backward`).
 
-The op "rms_norm_backward" maps (x, the cotangent of RMSNorm(x) in x's dtype, scale, and
-optionally x's other cotangent to add) to (dx, d scale). Its xla implementation is JAX's
+The op "rms_norm_backward" maps (x, the cotangent of RMSNorm(x) in x's dtype or a tuple of
+them (one per consumer of the normalized x, summed), scale, and optionally x's other
+cotangent to add) to (dx, d scale). Its xla implementation is JAX's
 VJP of the stock norm (`jaxnorm.backends.xla.rms_norm_vjp`); this one pads rows to whole
 blocks (zero rows: zero gradients, dropped), runs the kernel compiled for the GPU or, with
 `interpret=True`, under the Pallas GPU interpreter with race detection. Under automatic
@@ -35,42 +36,51 @@ MAX_RATIO = 0.95
 MIN_SAVED_US = 5.0
 
 
-def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool,
-            addend: bool) -> kernel.BackwardConfig:
+def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool, addend: bool,
+            cotangents: int) -> kernel.BackwardConfig:
     return kernel.select_backward_config(m, k, dtype, num_sms=_num_sms(interpret),
-                                         addend=addend)
+                                         addend=addend, cotangents=cotangents)
+
+
+def cotangents_of(g: Array | tuple[Array, ...]) -> tuple[Array, ...]:
+    """The cotangents of RMSNorm(x) the op was given: one array, or one per consumer of the
+    normalized x (a tuple), which the kernel sums as it reads them."""
+    return tuple(g) if isinstance(g, (tuple, list)) else (g,)
 
 
 @register(OP, "mosaic")
-def rms_norm_backward(x: Array, g: Array, scale: Array | None, addend: Array | None = None, *,
-                      eps: float, scale_offset: float,
+def rms_norm_backward(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
+                      addend: Array | None = None, *, eps: float, scale_offset: float,
                       interpret: bool) -> tuple[Array, Array | None]:
     m, k = x.shape
+    gs = cotangents_of(g)
     if m == 0:
         raise Unsupported("x has no rows")
-    if any(a is not None and a.dtype != x.dtype for a in (g, addend)):
+    if any(a is not None and a.dtype != x.dtype for a in (*gs, addend)):
         raise Unsupported(f"the cotangents' dtypes are not x's {x.dtype}")
     # Narrow rows take blocks of 4 rows (one warp per row), as the forward's.
     config, padded_m = config_for_rows(
-        m, lambda rows: _config(rows, k, x.dtype, interpret, addend is not None), 4)
-    x, g = _gpu_input(pad_rows(x, padded_m), OP, interpret), pad_rows(g, padded_m)
+        m, lambda rows: _config(rows, k, x.dtype, interpret, addend is not None, len(gs)), 4)
+    x = _gpu_input(pad_rows(x, padded_m), OP, interpret)
+    gs = tuple(pad_rows(a, padded_m) for a in gs)
     addend = None if addend is None else pad_rows(addend, padded_m)
-    dx, d_scale = kernel.rms_norm_backward(x, g, scale, addend, eps=eps,
+    dx, d_scale = kernel.rms_norm_backward(x, gs, scale, addend, eps=eps,
                                            scale_offset=scale_offset, config=config,
                                            interpret=interpret)
     return dx[:m], None if d_scale is None else d_scale.astype(scale.dtype)
 
 
 @decline_automatic(OP)
-def _not_measured_faster(x: Array, g: Array, scale: Array | None, addend: Array | None = None,
-                         **kwargs) -> str | None:
+def _not_measured_faster(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
+                         addend: Array | None = None, **kwargs) -> str | None:
     (m, k), dtype, gain = x.shape, jnp.dtype(x.dtype).name, scale is not None
-    stream = addend is not None
+    stream, cotangents = addend is not None, len(cotangents_of(g))
     what = "with the stream's cotangent added in it" if stream else "alone"
+    what += f", {cotangents} cotangents summed in it" if cotangents > 1 else ""
     entry = nearest_measured(measured.PROVENANCE, (m, k), (
         (shape, (shape, ratio, saved))
-        for shape, name, has_gain, added, ratio, saved in measured.ENTRIES
-        if name == dtype and has_gain == gain and added == stream))
+        for shape, name, has_gain, added, count, ratio, saved in measured.ENTRIES
+        if name == dtype and has_gain == gain and added == stream and count == cotangents))
     if entry is None:
         return (f"RMSNorm's backward kernel ({what}) has no measured shape within 2x of "
                 f"{m}x{k} {dtype} on this GPU (jaxnorm/backends/norm_backward_measured.py, "

@@ -73,41 +73,57 @@ def rms_normalized(x: Array, scale: Array | None, eps: float, scale_offset: floa
     rows = x.reshape(-1, x.shape[-1])  # the kernel's [M, K] view of x
     if not dispatch.norm_backward_kernel(rows, scale, eps=eps, scale_offset=scale_offset):
         return _stock_rms_norm(x, scale, eps, scale_offset)
-    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), False, x, scale)
+    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), False, 1, x, scale)
 
 
-def rms_normalized_and_input(x: Array, scale: Array | None, eps: float,
-                             scale_offset: float) -> tuple[Array, Array]:
-    """(RMSNorm(x), x): `rms_normalized` with x passed through for the residual stream. Where
-    the backward kernel serves, x's two cotangents (through the norm, and through the x
-    returned) meet inside it, dx + the stream's in one pass (docs/backward.md); elsewhere
-    JAX adds them, as it does for stock's graph."""
+def rms_normalized_and_input(x: Array, scale: Array | None, eps: float, scale_offset: float,
+                             consumers: int = 1) -> tuple[Array, ...]:
+    """(RMSNorm(x) once per consumer, x): `rms_normalized` with x passed through for the
+    residual stream. Where the backward kernel serves, x's cotangents (through each copy of
+    the norm, and through the x returned) meet inside it: the consumers' (the q, k and v, or
+    gate and up, GEMMs') summed as it reads them and dx + the stream's in one pass
+    (docs/backward.md), where the table has the kernel measured faster with that many; where
+    it has it only with one, JAX sums the consumers' first; elsewhere JAX adds them all, as
+    it does for stock's graph."""
     rows = x.reshape(-1, x.shape[-1])
-    if not dispatch.norm_backward_kernel(rows, scale, eps=eps, scale_offset=scale_offset,
-                                         addend=True):
-        return _stock_rms_norm(x, scale, eps, scale_offset), x
-    return _rms_norm_kernel_vjp(float(eps), float(scale_offset), True, x, scale)
+    taken = functools.partial(dispatch.norm_backward_kernel, rows, scale, eps=eps,
+                              scale_offset=scale_offset, addend=True)
+    if consumers > 1 and taken(cotangents=consumers):
+        return _rms_norm_kernel_vjp(float(eps), float(scale_offset), True, consumers, x, scale)
+    # One copy for every consumer (JAX adds their cotangents), where the kernel measured
+    # faster only in that form, or nowhere.
+    if taken():
+        normed, x_out = _rms_norm_kernel_vjp(float(eps), float(scale_offset), True, 1, x, scale)
+    else:
+        normed, x_out = _stock_rms_norm(x, scale, eps, scale_offset), x
+    return (normed,) * consumers + (x_out,)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _rms_norm_kernel_vjp(eps: float, scale_offset: float, with_input: bool, x: Array,
-                         scale: Array | None) -> Array | tuple[Array, Array]:
-    """The stock norm (and x itself, `with_input`) of x [..., K] whose VJP is the backward
-    kernel on x's [M, K] rows, given x's cotangent through the returned x as its addend."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _rms_norm_kernel_vjp(eps: float, scale_offset: float, with_input: bool, copies: int,
+                         x: Array, scale: Array | None) -> Array | tuple[Array, ...]:
+    """The stock norm of x [..., K] (`copies` times, then x itself where `with_input`) whose
+    VJP is the backward kernel on x's [M, K] rows, given the copies' cotangents to sum and
+    x's cotangent through the returned x as its addend."""
+    return _norm_copies(eps, scale_offset, with_input, copies, x, scale)
+
+
+def _norm_copies(eps, scale_offset, with_input, copies, x, scale):
     y = _stock_rms_norm(x, scale, eps, scale_offset)
-    return (y, x) if with_input else y
+    return (y,) * copies + (x,) if with_input else y
 
 
-def _rms_norm_kernel_vjp_fwd(eps, scale_offset, with_input, x, scale):
-    y = _stock_rms_norm(x, scale, eps, scale_offset)
-    return ((y, x) if with_input else y), (x, scale)
+def _rms_norm_kernel_vjp_fwd(eps, scale_offset, with_input, copies, x, scale):
+    return _norm_copies(eps, scale_offset, with_input, copies, x, scale), (x, scale)
 
 
-def _rms_norm_kernel_vjp_bwd(eps, scale_offset, with_input, saved, cotangents):
+def _rms_norm_kernel_vjp_bwd(eps, scale_offset, with_input, copies, saved, cotangents):
     x, scale = saved
-    dy, *addend = cotangents if with_input else (cotangents,)
+    cotangents = cotangents if with_input else (cotangents,)
+    dys, addend = cotangents[:copies], cotangents[copies:]
     rows = lambda a: a.astype(x.dtype).reshape(-1, x.shape[-1])
-    dx, d_scale = dispatch.call("rms_norm_backward", None, rows(x), rows(dy), scale,
+    g = rows(dys[0]) if copies == 1 else tuple(map(rows, dys))
+    dx, d_scale = dispatch.call("rms_norm_backward", None, rows(x), g, scale,
                                 *map(rows, addend), eps=eps, scale_offset=scale_offset)
     return dx.reshape(x.shape), d_scale
 
@@ -116,11 +132,15 @@ _rms_norm_kernel_vjp.defvjp(_rms_norm_kernel_vjp_fwd, _rms_norm_kernel_vjp_bwd)
 
 
 @register("rms_norm_backward", "xla")
-def rms_norm_vjp(x: Array, g: Array, scale: Array | None, addend: Array | None = None, *,
-                 eps: float, scale_offset: float) -> tuple[Array, Array | None]:
-    """(dx [+ addend], d scale) of RMSNorm(x) for its cotangent g: JAX's VJP of the stock
-    graph (the addend, x's other cotangent, added as JAX adds cotangents)."""
+def rms_norm_vjp(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
+                 addend: Array | None = None, *, eps: float,
+                 scale_offset: float) -> tuple[Array, Array | None]:
+    """(dx [+ addend], d scale) of RMSNorm(x) for its cotangent g (or the sum of a tuple of
+    them, one per consumer): JAX's VJP of the stock graph (the addend, x's other cotangent,
+    added as JAX adds cotangents)."""
     _, vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset), x, scale)
+    if isinstance(g, (tuple, list)):  # summed in float32 and rounded once, as the kernel does
+        g = functools.reduce(jnp.add, [gi.astype(jnp.float32) for gi in g]).astype(x.dtype)
     dx, d_scale = vjp(g)
     return (dx if addend is None else dx + addend), d_scale
 
@@ -162,8 +182,9 @@ def rms_norm_dense(
     if stats is None:
         if not return_input:
             return _dense_outputs(rms_normalized(x, scale, eps, scale_offset), kernels, biases)
-        normed, x_out = rms_normalized_and_input(x, scale, eps, scale_offset)
-        return (*_dense_outputs(normed, kernels, biases), x_out)
+        *normed, x_out = rms_normalized_and_input(x, scale, eps, scale_offset,
+                                                  consumers=len(kernels))
+        return (*(_linear(n, w, b) for n, w, b in zip(normed, kernels, biases)), x_out)
     r = row_stats.rms_inverse(stats, eps)
     normed = x.astype(jnp.float32) * r[..., None] * _gain(scale, scale_offset)
     outs = _dense_outputs(normed.astype(x.dtype), kernels, biases)
