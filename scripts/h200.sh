@@ -43,6 +43,8 @@
 #   BACKWARD_ARGS="--cotangents 2,3" BACKWARD_PRIOR=prior.json BACKWARD_LIMIT=300 RUN_COMMIT=abc1234 \
 #     bash scripts/h200.sh norm-backward   # each consumer's cotangent summed in the kernel, merged
 #   bash scripts/h200.sh backward-probes   # 1B-class training steps with it, interleaved
+#   RUN_COMMIT=abc1234 MODEL=gemma3-1b,llama3.2-1b,qwen3-0.6b PHASE=train bash scripts/h200.sh \
+#     cotangents model   # the per-consumer cotangent form timed, tabled, then the training steps
 #   ONLY=lazy,gated_mlp_in,residual_dense bash scripts/h200.sh gemm-table kernels gated residual-gemm
 #     # the GEMM table re-measured with a wgmma step in flight, then its kernels checked and timed
 # Each stage has its own time limit; one that overruns is stopped and the rest
@@ -134,6 +136,34 @@ for name in "$@"; do
       stage backward_table 30 python3 -m bench.norm_backward --write-table ${BACKWARD_PRIOR:-} \
         "$WORK/norm_backward/norm-backward.json" --run-commit "${RUN_COMMIT:-unknown}" \
         --run-command "python -m bench.norm_backward ${BACKWARD_ARGS:-}"
+      cp jaxnorm/backends/norm_backward_measured.py "$WORK/" ;;
+    cotangents)  # each consumer's cotangent summed in RMSNorm's backward kernel, at the presets'
+                 # d_model rows, merged into the table over the last H100 run (probes.json)
+                 # on an H100; on another GPU the whole table is measured afresh
+      python3 - > "$WORK/cotangents_prior.log" 2>&1 <<'PY'
+import json, subprocess
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip()
+prior = json.load(open("bench/results/2026-12-05-h100/probes.json"))[
+    "norm-backward table, measured configs (8b86dda)"]
+if prior["environment"]["devices"][0] == gpu:
+    json.dump(prior, open("/tmp/norm-backward-prior.json", "w"))
+    print("prior: the 8b86dda run on", gpu)
+PY
+      if [ -f /tmp/norm-backward-prior.json ]; then
+        stage norm_backward "${BACKWARD_LIMIT:-240}" python3 -m bench.norm_backward \
+          --budget-s $(( ${BACKWARD_LIMIT:-240} - 30 )) --out "$WORK/norm_backward" \
+          --cotangents 2,3 --shapes 4096x2048,4096x1024,2048x1152,4096x4096,4096x2560
+        args=(/tmp/norm-backward-prior.json) commits="8b86dda; ${RUN_COMMIT:-unknown}"
+        command="python -m bench.norm_backward; python -m bench.norm_backward --cotangents 2,3"
+      else
+        stage norm_backward "${BACKWARD_LIMIT:-330}" python3 -m bench.norm_backward \
+          --budget-s $(( ${BACKWARD_LIMIT:-330} - 30 )) --out "$WORK/norm_backward"
+        args=() commits="${RUN_COMMIT:-unknown}" command="python -m bench.norm_backward"
+      fi
+      stage backward_table 30 python3 -m bench.norm_backward --write-table "${args[@]}" \
+        "$WORK/norm_backward/norm-backward.json" --run-commit "$commits" \
+        --run-command "$command"
       cp jaxnorm/backends/norm_backward_measured.py "$WORK/" ;;
     gemm-table)  # issue 17: each preset shape's table config against one wgmma step in flight
       stage gemm_sweep "${SWEEP_LIMIT:-260}" python3 -m bench.gemm_sweep --around-table \
