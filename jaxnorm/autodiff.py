@@ -308,34 +308,65 @@ _norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
 def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None,
                kernels: tuple[Array, ...], biases: tuple[Array | None, ...], *, eps: float,
                scale_offset: float, impl: str | None, axis_name: tuple | None = None,
-               lead: callers_rows.Lead = None) -> tuple[Array, ...]:
+               lead: callers_rows.Lead = None, return_input: bool = False) -> tuple[Array, ...]:
     """rms_norm_dense (kind="rms", norm_bias=None) or layer_norm_dense with a custom VJP.
 
     With `axis_name` x, the gains and the kernels' rows are this shard's K-slice;
     the outputs are whole (psum-ed) and each bias is added once, after the sum. `lead`:
-    the caller's leading dims of x.
+    the caller's leading dims of x. `return_input` (RMSNorm): x after the outputs. Under
+    impl=None the xla formulation returns it (`xla.rms_normalized_and_input`), so that in a
+    training step x's cotangent through it, the residual stream's, meets the norm's in
+    RMSNorm's backward kernel where that runs; elsewhere it is x itself.
     """
+    if return_input and kind != "rms":
+        raise ValueError("return_input is RMSNorm's (kind='rms')")
+    with_input = (lambda outs: (*outs, x)) if return_input else (lambda outs: outs)
     if axis_name is None:
         explicit = partitioning.over_explicit_mesh(
             f"{kind}_norm_dense", (x, scale, norm_bias, kernels, biases),
             lambda a, axis: norm_dense(kind, *a, eps=eps, scale_offset=scale_offset, impl=impl,
                                        axis_name=axis))
         if explicit is not None:
-            return explicit
+            return with_input(explicit)
         op = f"{kind}_norm_dense"
         args = (x, *_norm_params(kind, scale, norm_bias), kernels, biases)
         chosen, automatic = _resolve(op, impl, *args, eps=eps, scale_offset=scale_offset)
         if impl is None and chosen == "xla":
-            return dispatch.call_xla_in_callers_rows(op, lead, *args, eps=eps,
-                                                     scale_offset=scale_offset)
+            return dispatch.call_xla_in_callers_rows(
+                op, lead, *args, eps=eps, scale_offset=scale_offset,
+                **({"return_input": True} if return_input else {}))
         s = _static(kind, eps, scale_offset, chosen, None, x, scale, norm_bias, kernels, biases,
                     automatic=automatic, lead=lead)
-        return _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))
+        if return_input and automatic:
+            return _rms_norm_dense_and_input(s, *sharding.match_varying(x, scale, kernels,
+                                                                        biases))
+        return with_input(_norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels,
+                                                                 biases)))
     none = (None,) * len(kernels)
     s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, norm_bias, kernels, none)
     sums = _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels), none)
-    return tuple((y if b is None else y + b.astype(F32)).astype(x.dtype)
-                 for y, b in zip(sums, biases))
+    return with_input(tuple((y if b is None else y + b.astype(F32)).astype(x.dtype)
+                            for y, b in zip(sums, biases)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rms_norm_dense_and_input(s: _Static, x, scale, kernels, biases) -> tuple[Array, ...]:
+    """(the kernel's outputs, x) where impl=None chose a kernel; differentiated as the xla
+    formulation called with return_input=True, x's two cotangents handed to it."""
+    outs = _norm_dense_primal(s, x, scale, None, kernels, biases, _sharded_stats(s, x))
+    return (*outs, x)
+
+
+def _rms_norm_dense_and_input_fwd(s: _Static, x, scale, kernels, biases):
+    return _stock_fwd("rms_norm_dense", x, scale, kernels, biases, eps=s.eps,
+                      scale_offset=s.scale_offset, lead=s.lead, return_input=True)
+
+
+def _rms_norm_dense_and_input_bwd(s: _Static, vjp, cotangents: tuple[Array, ...]):
+    return vjp(cotangents)
+
+
+_rms_norm_dense_and_input.defvjp(_rms_norm_dense_and_input_fwd, _rms_norm_dense_and_input_bwd)
 
 
 # ------------------------------------------------------------ post-norm dense

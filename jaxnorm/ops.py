@@ -139,9 +139,9 @@ def rms_norm_dense(
 
     `return_input=True` returns (outputs, x): the same x, to add to the residual stream in
     its place. In a training step x then has two cotangents, through the norm and through
-    the x returned; with `statistics` given, where automatic dispatch takes RMSNorm's
-    backward kernel, they are summed inside it (dx + the stream's, one pass over each:
-    docs/backward.md). Elsewhere JAX sums them as it would for x itself.
+    the x returned; where automatic dispatch takes RMSNorm's backward kernel they are summed
+    inside it (dx + the stream's, one pass over each: docs/backward.md). Elsewhere JAX sums
+    them as it would for x itself.
     """
     eps, scale_offset = _checks.check_scalars(eps, scale_offset)
     x, k = _common(x, impl)
@@ -162,10 +162,12 @@ def rms_norm_dense(
         x2, lead = _flatten(x)
         outs = autodiff.norm_dense(
             "rms", x2, _array(scale), None, kernels, biases, eps=eps, scale_offset=scale_offset,
-            impl=impl, axis_name=axis, lead=lead,
+            impl=impl, axis_name=axis, lead=lead, return_input=return_input,
         )
-    outs = _unflatten_outputs(outs, lead, is_seq)
-    return (outs, x) if return_input else outs
+    if not return_input:
+        return _unflatten_outputs(outs, lead, is_seq)
+    *outs, x_out = outs
+    return _unflatten_outputs(tuple(outs), lead, is_seq), x_out.reshape(x.shape)
 
 
 def layer_norm_dense(

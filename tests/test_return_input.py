@@ -36,6 +36,8 @@ def _ops(kind: str, x, scale, w, impl, return_input: bool):
     if kind == "rms_norm_dense":
         out = jaxnorm.rms_norm_dense(x, scale, w, statistics=stats, impl=impl,
                                      return_input=return_input)
+    elif kind == "rms_norm_dense, no statistics":  # the first block's input: none before it
+        out = jaxnorm.rms_norm_dense(x, scale, w, impl=impl, return_input=return_input)
     elif kind == "gated":
         out = jaxnorm.rms_norm_gated_dense(x, scale, w[0], w[1], statistics=stats, impl=impl,
                                            return_input=return_input)
@@ -58,7 +60,8 @@ def _loss(kind, impl, return_input, x, scale, w):
     return total + jnp.sum(jnp.cos(stream.astype(jnp.float32)) * stream.astype(jnp.float32))
 
 
-@pytest.mark.parametrize("kind", ["rms_norm_dense", "gated", "attention_input"])
+@pytest.mark.parametrize("kind", ["rms_norm_dense", "rms_norm_dense, no statistics", "gated",
+                                  "attention_input"])
 @pytest.mark.parametrize("impl", [None, "xla", "interpret"])
 @pytest.mark.parametrize("kernel_backward", [False, True], ids=["stock vjp", "kernel vjp"])
 def test_gradients_are_those_of_x_used_directly(monkeypatch, kind, impl, kernel_backward):
@@ -98,9 +101,9 @@ def test_kernel_takes_the_streams_cotangent_where_that_form_is_measured(monkeypa
     monkeypatch.setattr(norm_backward_measured, "ENTRIES",
                         (((m, k), "bfloat16", True, True, 1, 0.6, 20.0),))
 
-    def launches(return_input: bool) -> int:
+    def launches(return_input: bool, statistics: bool) -> int:
         def loss(x, scale, w):
-            stats = row_stats.of_rows(x)
+            stats = row_stats.of_rows(x) if statistics else None
             out = jaxnorm.rms_norm_dense(x, scale, w, statistics=stats,
                                          return_input=return_input)
             y, stream = out if return_input else (out, x)
@@ -112,9 +115,10 @@ def test_kernel_takes_the_streams_cotangent_where_that_form_is_measured(monkeypa
                 lowering_platforms=("cuda",)).as_text()
         return text.count("custom_call @mosaic_gpu_v2(")
 
-    with dispatch.recorded_choices() as made:
-        assert launches(True) == launches(False) + 1
-    assert made["rms_norm_backward"] == [("mosaic", None)]
+    for statistics in (True, False):  # given (a block's input after the first) or not
+        with dispatch.recorded_choices() as made:
+            assert launches(True, statistics) == launches(False, statistics) + 1
+        assert made["rms_norm_backward"] == [("mosaic", None)]
 
 
 # Llama-3.2-1B's MLP input; Gemma-3-1B's attention input, whose q/k/v GEMM dispatch declines
