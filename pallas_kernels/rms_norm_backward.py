@@ -313,6 +313,12 @@ def _kernel(*refs, has_scale: bool, eps: float, scale_offset: float, k: int,
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # shared memory outlives the copies
 
 
+def cotangents_of(g: jax.Array | tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """The cotangents of RMSNorm(x) as given: one array, or one per consumer of the
+    normalized x (a tuple), which the kernel sums as it reads them."""
+    return tuple(g) if isinstance(g, (tuple, list)) else (g,)
+
+
 def rms_norm_backward(
     x: jax.Array,
     g: jax.Array | tuple[jax.Array, ...],
@@ -331,7 +337,7 @@ def rms_norm_backward(
     added to dx before its rounding; x, g and addend are [M, K] of one dtype, M whole row
     blocks. With `sum_partials=False`, d scale is the kernel's [CTAs, K] column partials,
     unsummed (to time the kernel without XLA's sum)."""
-    gs = tuple(g) if isinstance(g, (tuple, list)) else (g,)
+    gs = cotangents_of(g)
     if x.ndim != 2 or any(a is not None and (a.shape, a.dtype) != (x.shape, x.dtype)
                           for a in (*gs, addend)):
         raise ValueError(f"x, g (and addend) must be [M, K] of one dtype; got "

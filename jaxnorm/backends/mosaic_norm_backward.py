@@ -42,18 +42,12 @@ def _config(m: int, k: int, dtype: jnp.dtype, interpret: bool, addend: bool,
                                          addend=addend, cotangents=cotangents)
 
 
-def cotangents_of(g: Array | tuple[Array, ...]) -> tuple[Array, ...]:
-    """The cotangents of RMSNorm(x) the op was given: one array, or one per consumer of the
-    normalized x (a tuple), which the kernel sums as it reads them."""
-    return tuple(g) if isinstance(g, (tuple, list)) else (g,)
-
-
 @register(OP, "mosaic")
 def rms_norm_backward(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
                       addend: Array | None = None, *, eps: float, scale_offset: float,
                       interpret: bool) -> tuple[Array, Array | None]:
     m, k = x.shape
-    gs = cotangents_of(g)
+    gs = kernel.cotangents_of(g)
     if m == 0:
         raise Unsupported("x has no rows")
     if any(a is not None and a.dtype != x.dtype for a in (*gs, addend)):
@@ -74,7 +68,7 @@ def rms_norm_backward(x: Array, g: Array | tuple[Array, ...], scale: Array | Non
 def _not_measured_faster(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
                          addend: Array | None = None, **kwargs) -> str | None:
     (m, k), dtype, gain = x.shape, jnp.dtype(x.dtype).name, scale is not None
-    stream, cotangents = addend is not None, len(cotangents_of(g))
+    stream, cotangents = addend is not None, len(kernel.cotangents_of(g))
     what = "with the stream's cotangent added in it" if stream else "alone"
     what += f", {cotangents} cotangents summed in it" if cotangents > 1 else ""
     entry = nearest_measured(measured.PROVENANCE, (m, k), (
