@@ -282,6 +282,20 @@ def test_make_test_progress_names_each_file(tmp_path):
     assert re.search(r"^test_two\.py: 1 skipped in [\d.]+ s \[gw\d\]$", out, re.M), out
 
 
+def test_import_leaves_the_mosaic_kernels_unloaded():
+    """`import jaxnorm` loads no Mosaic GPU kernel module: dispatch imports them the first
+    time a kernel is asked for, so the xla path (CPU, other GPUs) never pays for them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = ("import sys, jaxnorm; print(sorted(m for m in sys.modules if m in "
+             "('jax.experimental.pallas.mosaic_gpu', 'pallas_kernels.rms_norm_backward')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 # ------------------------------------------------------------------ docs/guide.md
 
 

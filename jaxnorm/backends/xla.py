@@ -19,7 +19,6 @@ from jax import lax
 
 from jaxnorm import dispatch, row_stats, statistics
 from jaxnorm.dispatch import register
-from pallas_kernels.rms_norm_backward import cotangents_of
 
 Array = jax.Array
 
@@ -140,9 +139,8 @@ def rms_norm_vjp(x: Array, g: Array | tuple[Array, ...], scale: Array | None,
     them, one per consumer): JAX's VJP of the stock graph (the addend, x's other cotangent,
     added as JAX adds cotangents)."""
     _, vjp = jax.vjp(lambda x, scale: _stock_rms_norm(x, scale, eps, scale_offset), x, scale)
-    gs = cotangents_of(g)  # several are summed in float32 and rounded once, as the kernel does
-    g = gs[0] if len(gs) == 1 else functools.reduce(
-        jnp.add, [gi.astype(jnp.float32) for gi in gs]).astype(x.dtype)
+    if isinstance(g, (tuple, list)):  # summed in float32 and rounded once, as the kernel does
+        g = functools.reduce(jnp.add, [gi.astype(jnp.float32) for gi in g]).astype(x.dtype)
     dx, d_scale = vjp(g)
     return (dx if addend is None else dx + addend), d_scale
 
