@@ -67,14 +67,17 @@ class _Static(NamedTuple):
     residual_after: bool = False  # post-norm: r + Norm(x @ W + b), not Norm(x @ W + b + r)
     output_stats: bool = False  # residual-after post-norm: also the output rows' (mean, M2)
     lead: callers_rows.Lead = None  # the caller's leading dims of x (impl=None's xla formulation)
+    return_input: bool = False  # automatic RMSNorm pre-norm: x after the outputs, its cotangent
+    # handed to the xla formulation's VJP with the norm's
 
 
 def _static(kind: str, eps: float, scale_offset: float, impl: str | None, axis_name: tuple | None,
             *inputs, automatic: bool = False, residual_after: bool = False,
-            output_stats: bool = False, lead: callers_rows.Lead = None) -> _Static:
+            output_stats: bool = False, lead: callers_rows.Lead = None,
+            return_input: bool = False) -> _Static:
     dtypes = jax.tree.map(lambda a: jnp.result_type(a), inputs)
     return _Static(kind, eps, scale_offset, impl, dtypes, axis_name, automatic, residual_after,
-                   output_stats, lead)
+                   output_stats, lead, return_input)
 
 
 def _resolve(op: str, impl: str | None, *args: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -258,14 +261,16 @@ def _norm_dense_primal(s: _Static, x, scale, norm_bias, kernels, biases,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _norm_dense(s: _Static, x, scale, norm_bias, kernels, biases) -> tuple[Array, ...]:
-    return _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, _sharded_stats(s, x))
+    outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, _sharded_stats(s, x))
+    return (*outs, x) if s.return_input else outs
 
 
 def _norm_dense_fwd(s: _Static, x, scale, norm_bias, kernels, biases):
     if s.automatic:
         norm_args = _norm_params(s.kind, scale, norm_bias)
         return _stock_fwd(f"{s.kind}_norm_dense", x, *norm_args, kernels, biases, eps=s.eps,
-                          scale_offset=s.scale_offset, lead=s.lead)
+                          scale_offset=s.scale_offset, lead=s.lead,
+                          **({"return_input": True} if s.return_input else {}))
     stats = _row_stats(s, x.astype(F32))
     outs = _norm_dense_primal(s, x, scale, norm_bias, kernels, biases, stats)
     return outs, (x, scale, norm_bias, kernels, stats)
@@ -336,37 +341,14 @@ def norm_dense(kind: str, x: Array, scale: Array | None, norm_bias: Array | None
                 op, lead, *args, eps=eps, scale_offset=scale_offset,
                 **({"return_input": True} if return_input else {}))
         s = _static(kind, eps, scale_offset, chosen, None, x, scale, norm_bias, kernels, biases,
-                    automatic=automatic, lead=lead)
-        if return_input and automatic:
-            return _rms_norm_dense_and_input(s, *sharding.match_varying(x, scale, kernels,
-                                                                        biases))
-        return with_input(_norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels,
-                                                                 biases)))
+                    automatic=automatic, lead=lead, return_input=return_input and automatic)
+        outs = _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels, biases))
+        return outs if s.return_input else with_input(outs)
     none = (None,) * len(kernels)
     s = _static(kind, eps, scale_offset, impl, axis_name, x, scale, norm_bias, kernels, none)
     sums = _norm_dense(s, *sharding.match_varying(x, scale, norm_bias, kernels), none)
     return with_input(tuple((y if b is None else y + b.astype(F32)).astype(x.dtype)
                             for y, b in zip(sums, biases)))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _rms_norm_dense_and_input(s: _Static, x, scale, kernels, biases) -> tuple[Array, ...]:
-    """(the kernel's outputs, x) where impl=None chose a kernel; differentiated as the xla
-    formulation called with return_input=True, x's two cotangents handed to it."""
-    outs = _norm_dense_primal(s, x, scale, None, kernels, biases, _sharded_stats(s, x))
-    return (*outs, x)
-
-
-def _rms_norm_dense_and_input_fwd(s: _Static, x, scale, kernels, biases):
-    return _stock_fwd("rms_norm_dense", x, scale, kernels, biases, eps=s.eps,
-                      scale_offset=s.scale_offset, lead=s.lead, return_input=True)
-
-
-def _rms_norm_dense_and_input_bwd(s: _Static, vjp, cotangents: tuple[Array, ...]):
-    return vjp(cotangents)
-
-
-_rms_norm_dense_and_input.defvjp(_rms_norm_dense_and_input_fwd, _rms_norm_dense_and_input_bwd)
 
 
 # ------------------------------------------------------------ post-norm dense
